@@ -1,0 +1,1 @@
+"""Calibration: fit the model's parameters from measurements; holds the shipped profiles."""

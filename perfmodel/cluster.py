@@ -1,0 +1,199 @@
+"""Cluster profiles: devices, links and achieved efficiency, loaded from TOML data files.
+
+Shipped profiles live in `calibration/profiles/`; `perfmodel calibrate` writes measured ones
+to the user profile folder (`$PERFMODEL_PROFILES`, default `~/.local/share/perfmodel/profiles`),
+which takes precedence over a shipped profile of the same name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import Fields, load_toml
+
+SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+PRECISION_KEYS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def user_profile_dir() -> Path:
+    env = os.environ.get("PERFMODEL_PROFILES")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "perfmodel" / "profiles"
+
+
+def interpolate_log(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear in log10(x) through `curve`, flat beyond its ends."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x <= x1:
+            t = (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+            return y0 + t * (y1 - y0)
+    return curve[-1][1]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Provenance:
+    source: str                 # "spec" (datasheets, citations) or "measured" (calibrated)
+    note: str
+    citations: tuple[str, ...] = ()
+    date: str = ""              # measured profiles: when, where and with what
+    host: str = ""
+    versions: str = ""
+    runs: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Device:
+    name: str
+    memory_GiB: float
+    memory_bandwidth_GBps: float
+    peak_TFLOPS: dict[str, float]       # per precision key: fp32, tf32, bf16, fp16
+    framework_overhead_GiB: float       # CUDA context, allocator reserve, library workspaces
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_GiB * 2**30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compute:
+    """Achieved compute: time = overhead + FLOPs / (peak x efficiency(FLOPs per unit call))."""
+
+    efficiency_by_flops: tuple[tuple[float, float], ...]   # [FLOPs of one unit pass, fraction]
+    overhead_us_per_unit: float          # launch/dispatch cost per unit per pass
+    backward_flops_ratio: float          # backward FLOPs / forward FLOPs (2 for dense layers)
+    optimizer_GBps: float                # bytes of optimizer state+params touched per second
+    jitter_cv: float                     # coefficient of variation of a step's compute time
+
+    def efficiency(self, flops: float) -> float:
+        return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    """One link class: bandwidth per direction, per-message latency, size-dependent efficiency."""
+
+    bandwidth_GBps: float
+    latency_us: float
+    efficiency_by_bytes: tuple[tuple[float, float], ...]   # [message bytes, fraction of bw]
+
+    def seconds_per_byte(self, message_bytes: float) -> float:
+        """β for a message of this size: 1 / (bandwidth x efficiency(size))."""
+        eff = interpolate_log(self.efficiency_by_bytes, max(message_bytes, 1.0))
+        return 1.0 / (self.bandwidth_GBps * 1e9 * eff)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Server:
+    """Parameter-server processes: how fast they apply an update, which link they sit on."""
+
+    apply_GBps: float                    # gradient bytes applied per second (memory-bound)
+    link: str                            # "intra_node" or "inter_node": the link a push crosses
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterProfile:
+    name: str
+    description: str
+    provenance: Provenance
+    device: Device
+    devices_per_node: int
+    intra_node: Link                     # per device, inside a node (NVLink, PCIe, loopback)
+    inter_node: Link                     # per node NIC, shared by the node's devices
+    compute: Compute
+    server: Server
+    path: Path
+
+    def link_for(self, workers: int) -> Link:
+        """The bottleneck link of a collective over `workers` ranks packed onto nodes."""
+        return self.intra_node if workers <= self.devices_per_node else self.inter_node
+
+    def nodes_for(self, workers: int) -> int:
+        return -(-workers // self.devices_per_node)
+
+
+def _link(f: Fields) -> Link:
+    return Link(
+        bandwidth_GBps=f.number("bandwidth_GBps", positive=True),
+        latency_us=f.number("latency_us"),
+        efficiency_by_bytes=f.curve("efficiency_by_bytes"),
+    )
+
+
+def parse_profile(data: dict, path: Path) -> ClusterProfile:
+    f = Fields(data, path)
+    prov, dev, comp, srv = f.table("provenance"), f.table("device"), f.table("compute"), \
+        f.table("server")
+    source = prov.str("source")
+    if source not in ("spec", "measured"):
+        raise PerfmodelError(f"{path}: field 'provenance.source' must be 'spec' or 'measured'")
+    peaks = dev.table("peak_TFLOPS")
+    peak = {k: peaks.number(k, positive=True) for k in PRECISION_KEYS if peaks.has(k)}
+    if "fp32" not in peak:
+        raise PerfmodelError(f"{path}: field 'device.peak_TFLOPS.fp32' is required")
+    link = srv.str("link")
+    if link not in ("intra_node", "inter_node"):
+        raise PerfmodelError(f"{path}: field 'server.link' must be 'intra_node' or 'inter_node'")
+    return ClusterProfile(
+        name=f.str("name"),
+        description=f.str("description"),
+        provenance=Provenance(
+            source=source,
+            note=prov.str("note"),
+            citations=prov.str_list("citations", []),
+            date=prov.data.get("date", ""),
+            host=prov.data.get("host", ""),
+            versions=prov.data.get("versions", ""),
+            runs=prov.integer("runs", 0),
+        ),
+        device=Device(
+            name=dev.str("name"),
+            memory_GiB=dev.number("memory_GiB", positive=True),
+            memory_bandwidth_GBps=dev.number("memory_bandwidth_GBps", positive=True),
+            peak_TFLOPS=peak,
+            framework_overhead_GiB=dev.number("framework_overhead_GiB"),
+        ),
+        devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
+        intra_node=_link(f.table("intra_node")),
+        inter_node=_link(f.table("inter_node")),
+        compute=Compute(
+            efficiency_by_flops=comp.curve("efficiency_by_flops"),
+            overhead_us_per_unit=comp.number("overhead_us_per_unit"),
+            backward_flops_ratio=comp.number("backward_flops_ratio", positive=True),
+            optimizer_GBps=comp.number("optimizer_GBps", positive=True),
+            jitter_cv=comp.number("jitter_cv"),
+        ),
+        server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
+        path=path,
+    )
+
+
+def profile_paths() -> dict[str, Path]:
+    """Every available profile by name; user (measured) profiles shadow shipped ones."""
+    found = {p.stem: p for p in sorted(SHIPPED_PROFILES.glob("*.toml"))}
+    user = user_profile_dir()
+    if user.is_dir():
+        found.update({p.stem: p for p in sorted(user.glob("*.toml"))})
+    return found
+
+
+def load_cluster(name: str) -> ClusterProfile:
+    paths = profile_paths()
+    if name not in paths:
+        raise PerfmodelError(
+            f"unknown cluster '{name}'; choose from: {', '.join(sorted(paths))}")
+    profile = parse_profile(load_toml(paths[name]), paths[name])
+    if profile.name != name:
+        raise PerfmodelError(f"{paths[name]}: field 'name' is '{profile.name}', expected '{name}'")
+    return profile

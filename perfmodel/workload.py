@@ -1,0 +1,131 @@
+"""Workloads: a model's units (layers or blocks) in forward order, loaded from TOML data files.
+
+Each unit carries its parameter count, forward FLOPs per sample and the activation bytes it
+keeps for backward per sample. The files are generated from real PyTorch module definitions
+by `python -m measure.make_workloads` (FLOP counter on meta tensors); add your own model there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import Fields, load_toml
+
+WORKLOAD_DIR = Path(__file__).resolve().parent / "data" / "workloads"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """Bytes per parameter of each model-state part (ZeRO, Rajbhandari et al. 2020, sec. 3)."""
+
+    param_bytes: int        # the copy used in forward/backward
+    grad_bytes: int
+    master_bytes: int       # fp32 master weights kept by mixed precision (0 for fp32)
+    compute_key: str        # which peak in the cluster profile applies
+
+
+PRECISIONS = {
+    "fp32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_key="fp32"),
+    "bf16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="bf16"),
+    "fp16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="fp16"),
+}
+# Optimizer state in fp32 per parameter: momentum buffer; Adam's first and second moments.
+OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unit:
+    name: str
+    params: int
+    forward_flops_per_sample: float
+    activation_bytes_per_sample: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    name: str
+    description: str
+    generated_by: str
+    precision: str
+    optimizer: str
+    batch_size: int                 # default per-worker batch
+    units: tuple[Unit, ...]
+    path: Path
+
+    @property
+    def precision_spec(self) -> Precision:
+        return PRECISIONS[self.precision]
+
+    @property
+    def params(self) -> int:
+        return sum(u.params for u in self.units)
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of the parameters as communicated (gradients have the same size)."""
+        return self.params * self.precision_spec.param_bytes
+
+    @property
+    def model_state_bytes_per_param(self) -> int:
+        """16 for mixed-precision Adam, 16 for fp32 Adam (ZeRO's K + 4)."""
+        p = self.precision_spec
+        return p.param_bytes + p.grad_bytes + p.master_bytes + OPTIMIZER_STATE_BYTES[self.optimizer]
+
+    @property
+    def forward_flops_per_sample(self) -> float:
+        return sum(u.forward_flops_per_sample for u in self.units)
+
+
+def parse_workload(data: dict, path: Path) -> Workload:
+    f = Fields(data, path)
+    precision, optimizer = f.str("precision"), f.str("optimizer")
+    if precision not in PRECISIONS:
+        raise PerfmodelError(f"{path}: precision '{precision}' is not one of "
+                             f"{', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise PerfmodelError(f"{path}: optimizer '{optimizer}' is not one of "
+                             f"{', '.join(OPTIMIZER_STATE_BYTES)}")
+    raw_units = data.get("units")
+    if not isinstance(raw_units, list) or not raw_units:
+        raise PerfmodelError(f"{path}: needs at least one [[units]] table")
+    units = []
+    for i, raw in enumerate(raw_units):
+        if not isinstance(raw, dict):
+            raise PerfmodelError(f"{path}: units[{i}] is not a table")
+        u = Fields(raw, path, f"units[{i}].")
+        units.append(Unit(
+            name=u.str("name"),
+            params=u.integer("params"),
+            forward_flops_per_sample=u.number("forward_flops_per_sample"),
+            activation_bytes_per_sample=u.number("activation_bytes_per_sample"),
+        ))
+    return Workload(
+        name=f.str("name"),
+        description=f.str("description"),
+        generated_by=f.str("generated_by"),
+        precision=precision,
+        optimizer=optimizer,
+        batch_size=f.integer("batch_size", minimum=1),
+        units=tuple(units),
+        path=path,
+    )
+
+
+def workload_paths() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(WORKLOAD_DIR.glob("*.toml"))}
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A shipped workload by name, or any workload file by path."""
+    paths = workload_paths()
+    if name_or_path in paths:
+        path = paths[name_or_path]
+    elif name_or_path.endswith(".toml"):
+        path = Path(name_or_path)
+    else:
+        raise PerfmodelError(
+            f"unknown workload '{name_or_path}'; choose from: {', '.join(sorted(paths))} "
+            f"(or give a path to a .toml workload file)")
+    return parse_workload(load_toml(path), path)
