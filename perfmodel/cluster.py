@@ -23,8 +23,14 @@ def user_profile_dir() -> Path:
     env = os.environ.get("PERFMODEL_PROFILES")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "perfmodel" / "profiles"
+    return data_home() / "profiles"
+
+
+def data_home() -> Path:
+    """Where perfmodel keeps per-user data: measured profiles, the measurement store."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return Path(base) / "perfmodel"
 
 
 def interpolate_log(curve: tuple[tuple[float, float], ...], x: float) -> float:
