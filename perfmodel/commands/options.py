@@ -1,0 +1,135 @@
+"""Click options shared by `predict`, `sweep` and `recommend`, and turning them into a Scenario."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from perfmodel.cluster import load_cluster
+from perfmodel.errors import PerfmodelError
+from perfmodel.memory import MemoryBreakdown
+from perfmodel.sim.scenario import JITTER_KINDS, Scenario
+from perfmodel.workload import load_workload
+
+
+def scenario_options(f):
+    """--cluster --workload --batch-size --steps --seed and the heterogeneity flags."""
+    for opt in reversed([
+        click.option("--cluster", default="a100", show_default=True,
+                     help="Cluster profile (see `perfmodel clusters`)."),
+        click.option("--workload", default="resnet50", show_default=True,
+                     help="Workload name (see `perfmodel workloads`) or a workload .toml path."),
+        click.option("--batch-size", type=int, default=None,
+                     help="Samples per worker per step [default: the workload's]."),
+        click.option("--steps", type=click.IntRange(3, 100_000), default=20, show_default=True,
+                     help="Steps (pushes, for PS) per worker to simulate; the first 2 are "
+                          "warm-up."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the random generator (jitter)."),
+        click.option("--speed", default=None, metavar="S1,S2,...",
+                     help="Relative speed of each worker (1 = nominal, 0.25 = four times "
+                          "slower), one per worker."),
+        click.option("--stragglers", type=click.IntRange(0), default=0,
+                     help="Make this many workers stragglers (the last ones)."),
+        click.option("--straggler-speed", type=click.FloatRange(0, 1, min_open=True),
+                     default=0.5, show_default=True, help="Relative speed of a straggler."),
+        click.option("--jitter", type=click.Choice(JITTER_KINDS), default="lognormal",
+                     show_default=True,
+                     help="Step-to-step compute variation: lognormal with the profile's CV, "
+                          "exponential (CV 1) or none."),
+        click.option("--jitter-cv", type=click.FloatRange(0), default=None,
+                     help="Coefficient of variation of lognormal jitter [default: profile's]."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def strategy_options(f):
+    """Options of individual strategies; giving one to a strategy it does not fit is an error."""
+    for opt in reversed([
+        click.option("--bucket-cap-MiB", "bucket_cap_MiB", type=float, default=None,
+                     help="ddp: gradient bucket cap [25]."),
+        click.option("--first-bucket-MiB", "first_bucket_MiB", type=float, default=None,
+                     help="ddp: first bucket size [1]."),
+        click.option("--allreduce", type=click.Choice(["ring", "tree"]), default=None,
+                     help="ddp: all-reduce algorithm [ring]."),
+        click.option("--variant", type=click.Choice(["full-shard", "grad-op"]), default=None,
+                     help="fsdp: full-shard (ZeRO-3) or grad-op (ZeRO-2-like) [full-shard]."),
+        click.option("--prefetch", type=click.IntRange(0), default=None,
+                     help="fsdp: units all-gathered ahead [1]."),
+        click.option("--servers", type=click.IntRange(1), default=None,
+                     help="*-ps: parameter servers the model is sharded over [1]."),
+        click.option("--staleness-bound", type=click.IntRange(0), default=None,
+                     help="ssp-ps: how many clocks a worker may run ahead of the slowest [3]."),
+        click.option("--staleness-aware-lr", is_flag=True, default=None,
+                     help="async-ps: scale the learning rate by 1/staleness."),
+        click.option("--delay-compensation", is_flag=True, default=None,
+                     help="async-ps: DC-ASGD delay compensation on the server."),
+    ]):
+        f = opt(f)
+    return f
+
+
+STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "variant",
+                         "prefetch", "servers", "staleness_bound", "staleness_aware_lr",
+                         "delay_compensation")
+
+
+def pop_strategy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The strategy options the user actually gave (None = not given)."""
+    return {k: v for k in STRATEGY_OPTION_NAMES if (v := kwargs.pop(k, None)) is not None}
+
+
+def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,
+                 workers: int) -> tuple[float, ...]:
+    if speed is not None and stragglers:
+        raise PerfmodelError("give either --speed or --stragglers, not both")
+    if speed is not None:
+        try:
+            values = tuple(float(s) for s in speed.split(","))
+        except ValueError:
+            raise PerfmodelError(f"--speed '{speed}' is not a comma-separated list of "
+                                 "numbers") from None
+        if len(values) != workers:
+            raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is "
+                                 f"{workers}")
+        return values
+    if stragglers > workers:
+        raise PerfmodelError(f"--stragglers {stragglers} exceeds --workers {workers}")
+    if not stragglers:
+        return ()
+    return (1.0,) * (workers - stragglers) + (straggler_speed,) * stragglers
+
+
+def build_scenario(*, workers: int, cluster: str, workload: str, batch_size: int | None,
+                   steps: int, seed: int, speed: str | None, stragglers: int,
+                   straggler_speed: float, jitter: str, jitter_cv: float | None) -> Scenario:
+    if jitter_cv is not None and jitter != "lognormal":
+        raise PerfmodelError("--jitter-cv applies to --jitter lognormal only")
+    w = load_workload(workload)
+    return Scenario(
+        cluster=load_cluster(cluster), workload=w, workers=workers,
+        batch_size=w.batch_size if batch_size is None else batch_size,
+        steps=steps, speed=parse_speeds(speed, stragglers, straggler_speed, workers),
+        jitter=jitter, jitter_cv=jitter_cv, seed=seed)
+
+
+def largest_fitting_batch(memory: MemoryBreakdown, batch_size: int) -> int:
+    """Activations grow linearly with the batch; everything else does not."""
+    per_sample = memory.activations_bytes / batch_size
+    room = memory.capacity_bytes - (memory.peak_bytes - memory.activations_bytes)
+    if per_sample <= 0:
+        return batch_size if room >= 0 else 0
+    return max(0, math.floor(room / per_sample))
+
+
+def oom_message(role: str, memory: MemoryBreakdown, scenario: Scenario, strategy: str) -> str:
+    gib = 2**30
+    fits = largest_fitting_batch(memory, scenario.batch_size)
+    advice = (f"the largest batch that fits is {fits}" if fits >= 1 else
+              "even batch 1 does not fit; try fsdp, more workers, or a larger device")
+    return (f"{strategy} {role} needs {memory.peak_bytes / gib:.1f} GiB per device at batch "
+            f"{scenario.batch_size} but {scenario.cluster.name} has "
+            f"{memory.capacity_bytes / gib:.1f} GiB; {advice} (or pass --allow-oom)")

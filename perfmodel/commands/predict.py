@@ -1,0 +1,101 @@
+"""`perfmodel predict`: one configuration, as a table for people or JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from perfmodel.commands.options import (
+    build_scenario,
+    oom_message,
+    pop_strategy_options,
+    scenario_options,
+    strategy_options,
+)
+from perfmodel.errors import PerfmodelError
+from perfmodel.predict import Prediction, predict
+
+STRATEGY_NAMES = ["ddp", "fsdp", "sync-ps", "async-ps", "ssp-ps"]
+GIB = 2**30
+
+
+@click.command("predict")
+@click.option("--strategy", required=True, type=click.Choice(STRATEGY_NAMES),
+              help="Distributed training strategy.")
+@click.option("--workers", required=True, type=int,
+              help="Number of training workers (GPUs; PS servers come on top).")
+@scenario_options
+@strategy_options
+@click.option("--allow-oom", is_flag=True,
+              help="Report a configuration that does not fit in device memory instead of "
+                   "refusing it.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def command(strategy, workers, allow_oom, as_json, **kwargs):
+    """Predict throughput, step time, memory and staleness of one configuration.
+
+    The numbers come from a SimPy discrete-event simulation of every worker's compute and
+    every transfer on the cluster's links, using the cluster profile's parameters
+    (spec-derived or calibrated; the output says which).
+
+    \b
+    Examples:
+      perfmodel predict --strategy async-ps --workers 16
+      perfmodel predict --strategy ddp --workers 64 --cluster a10g --workload bert-large
+      perfmodel predict --strategy fsdp --workers 8 --workload gpt2-xl --variant grad-op
+      perfmodel predict --strategy sync-ps --workers 8 --stragglers 1 --straggler-speed 0.25
+      perfmodel predict --strategy ddp --workers 512 --json
+    """
+    if workers < 1:
+        raise PerfmodelError(f"--workers must be at least 1, got {workers}")
+    options = pop_strategy_options(kwargs)
+    scenario = build_scenario(workers=workers, **kwargs)
+    p = predict(strategy, scenario, **options)
+    if not allow_oom:
+        for role, m in p.memory.items():
+            if m.oom:
+                raise PerfmodelError(oom_message(role, m, scenario, strategy))
+    if as_json:
+        click.echo(json.dumps(p.to_json(), indent=2))
+    else:
+        click.echo(render(p))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
+
+
+def render(p: Prediction) -> str:
+    s, sc = p.summary, p.scenario
+    prov = sc.cluster.provenance
+    source = ("spec-derived, not calibrated" if prov.source == "spec"
+              else f"measured {prov.date} on {prov.host}")
+    lines = [
+        f"{p.strategy} on {sc.cluster.name} ({source}): {sc.workload.name}, "
+        f"{sc.workers} workers x batch {sc.batch_size}",
+        f"  throughput       {s.throughput_samples_per_s:,.1f} samples/s  "
+        f"({p.speedup:.2f}x one worker)",
+        f"  step time        mean {_ms(s.step_time_s.mean)}   p50 {_ms(s.step_time_s.p50)}"
+        f"   p95 {_ms(s.step_time_s.p95)}",
+        f"  per step         compute {_ms(s.compute_s)} | exposed comm "
+        f"{_ms(s.comm_exposed_s)} | waiting {_ms(s.wait_s)}",
+    ]
+    for role, m in p.memory.items():
+        flag = "  OUT OF MEMORY" if m.oom else ""
+        lines.append(
+            f"  memory/{role:<8} {m.peak_bytes / GIB:,.2f} of {m.capacity_bytes / GIB:,.0f} GiB"
+            f"{flag}: params {m.params_bytes / GIB:.2f}, grads {m.grads_bytes / GIB:.2f}, "
+            f"optimizer {m.optimizer_bytes / GIB:.2f}, activations "
+            f"{m.activations_bytes / GIB:.2f}, buffers {m.comm_buffers_bytes / GIB:.2f}, "
+            f"framework {m.framework_bytes / GIB:.2f}")
+    if s.staleness.max > 0:
+        per = s.staleness_per_worker
+        shown = ", ".join(f"{v:.1f}" for v in per[:8]) + (", ..." if len(per) > 8 else "")
+        lines.append(f"  staleness        mean {s.staleness.mean:.2f}  p50 {s.staleness.p50:.0f}"
+                     f"  p95 {s.staleness.p95:.0f}  max {s.staleness.max:.0f}  "
+                     f"(per worker: {shown})")
+    else:
+        lines.append("  staleness        0 (synchronous)")
+    lines.append(f"  simulated        {sc.steps} steps/worker, {p.result.events:,} events in "
+                 f"{p.wall_s:.2f} s")
+    return "\n".join(lines)

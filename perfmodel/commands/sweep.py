@@ -1,0 +1,103 @@
+"""`perfmodel sweep`: strategies x worker counts, one table, a CSV, a JSON and a plot."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from perfmodel.commands.options import (
+    build_scenario,
+    pop_strategy_options,
+    scenario_options,
+    strategy_options,
+)
+from perfmodel.commands.predict import STRATEGY_NAMES
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.strategy import make_strategy
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise PerfmodelError(f"--workers '{text}' is not a comma-separated list of "
+                             "integers") from None
+    if any(v < 1 for v in values):
+        raise PerfmodelError("every worker count must be at least 1")
+    return values
+
+
+@click.command("sweep")
+@click.option("--strategies", default="ddp,fsdp,sync-ps,async-ps", show_default=True,
+              help=f"Comma-separated strategies from: {', '.join(STRATEGY_NAMES)}.")
+@click.option("--workers", default="1,2,4,8,16,32,64", show_default=True,
+              help="Comma-separated worker counts.")
+@scenario_options
+@strategy_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for sweep.csv, sweep.json and sweep.png "
+                   "[default: sweep-<cluster>-<workload>].")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def command(strategies, workers, out, as_json, **kwargs):
+    """Predict every strategy at every worker count; write a table, CSV, JSON and a plot.
+
+    Strategy options apply to the strategies that take them (e.g. --variant to fsdp only).
+    The plot shows throughput, scaling efficiency and peak memory per device against workers.
+
+    \b
+    Examples:
+      perfmodel sweep --strategies ddp,fsdp --workers 1,8,64,512 --workload gpt2-xl
+      perfmodel sweep --cluster a10g --workers 1,4,16,64 --out sweeps/a10g
+    """
+    names = [s.strip() for s in strategies.split(",") if s.strip()]
+    for s in names:
+        if s not in STRATEGY_NAMES:
+            raise PerfmodelError(f"unknown strategy '{s}'; choose from: "
+                                 f"{', '.join(STRATEGY_NAMES)}")
+    counts = _int_list(workers)
+    if kwargs["speed"] is not None:
+        raise PerfmodelError("--speed lists one speed per worker and cannot apply to a sweep "
+                             "over worker counts; use --stragglers K --straggler-speed S")
+    if kwargs["stragglers"] > min(counts):
+        raise PerfmodelError(f"--stragglers {kwargs['stragglers']} exceeds the smallest worker "
+                             f"count {min(counts)}")
+    given = pop_strategy_options(kwargs)
+    per_strategy = {}
+    for s in names:
+        accepted = set(asdict(make_strategy(s).options))
+        per_strategy[s] = {k: v for k, v in given.items() if k in accepted}
+    unused = set(given) - {k for opts in per_strategy.values() for k in opts}
+    if unused:
+        raise PerfmodelError(f"option(s) {', '.join(sorted(unused))} apply to none of "
+                             f"{', '.join(names)}")
+
+    from perfmodel.sweep import plot, run_sweep, write_csv, write_json
+
+    with click.progressbar(length=len(names) * len(counts), label="predicting",
+                           file=click.get_text_stream("stderr")) as bar:
+        scenarios = [build_scenario(workers=n, **kwargs) for n in counts]
+        rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1))
+    base = scenarios[0]
+    out = out or Path(f"sweep-{base.cluster.name}-{base.workload.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"cluster": base.cluster.name, "workload": base.workload.name,
+            "batch_size": base.batch_size, "seed": base.seed, "options": per_strategy,
+            "cluster_source": base.cluster.provenance.source}
+    write_csv(rows, out / "sweep.csv")
+    write_json(rows, out / "sweep.json", meta)
+    plot(rows, out / "sweep.png", f"{base.workload.name} on {base.cluster.name} "
+         f"({base.cluster.provenance.source}), batch {base.batch_size} per worker")
+    if as_json:
+        click.echo((out / "sweep.json").read_text())
+        return
+    click.echo(f"{'strategy':<9} {'workers':>7} {'samples/s':>12} {'speedup':>8} "
+               f"{'step':>10} {'exposed comm':>12} {'wait':>9} {'mem GiB':>8} {'staleness':>9}")
+    for r in rows:
+        click.echo(f"{r.strategy:<9} {r.workers:>7} {r.throughput_samples_per_s:>12,.1f} "
+                   f"{r.speedup_vs_1_worker:>7.2f}x {r.step_time_s * 1e3:>8.1f}ms "
+                   f"{r.comm_exposed_s * 1e3:>10.1f}ms {r.wait_s * 1e3:>7.1f}ms "
+                   f"{r.peak_memory_GiB:>7.2f}{'!' if r.oom else ' '} {r.staleness_mean:>9.2f}")
+    click.echo(f"\nwrote {out}/sweep.csv, sweep.json, sweep.png"
+               + ("  (! = out of memory)" if any(r.oom for r in rows) else ""))

@@ -1,0 +1,156 @@
+"""One prediction: run a strategy's simulation and summarise its records.
+
+Summaries are derived from the frozen records (perfmodel/sim/records.py) over the steady
+window: every worker's warm-up steps are left out, and throughput counts the steps that end
+between the moment all workers have warmed up and the moment the first worker finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from perfmodel.memory import MemoryBreakdown
+from perfmodel.sim.records import SimResult
+from perfmodel.sim.scenario import Scenario
+from perfmodel.sim.strategy import make_strategy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Spread:
+    mean: float
+    p50: float
+    p95: float
+    max: float
+
+    @staticmethod
+    def of(values: np.ndarray) -> Spread:
+        if values.size == 0:
+            return Spread(mean=0.0, p50=0.0, p95=0.0, max=0.0)
+        return Spread(mean=float(values.mean()), p50=float(np.percentile(values, 50)),
+                      p95=float(np.percentile(values, 95)), max=float(values.max()))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Summary:
+    """What a simulation says about the steady state, derived from its records."""
+
+    throughput_samples_per_s: float
+    step_time_s: Spread
+    compute_s: float                 # per step, mean over workers and steps
+    comm_exposed_s: float
+    wait_s: float
+    staleness: Spread
+    staleness_per_worker: tuple[float, ...]
+    staleness_values: tuple[int, ...]   # every counted update's staleness, for histograms
+    steps_counted: int
+
+
+def summarise(result: SimResult, scenario: Scenario) -> Summary:
+    warm = [r for r in result.steps if r.step >= scenario.warmup_steps]
+    if not warm:
+        raise ValueError("simulation produced no steps after warm-up")
+    per_worker_first: dict[int, float] = {}
+    per_worker_last: dict[int, float] = {}
+    for r in warm:
+        per_worker_first[r.worker] = min(per_worker_first.get(r.worker, np.inf), r.start_s)
+        per_worker_last[r.worker] = max(per_worker_last.get(r.worker, -np.inf), r.end_s)
+    t0, t1 = max(per_worker_first.values()), min(per_worker_last.values())
+    ends = np.array([r.end_s for r in warm])
+    in_window = (ends > t0) & (ends <= t1)
+    if t1 > t0 and in_window.any():
+        throughput = scenario.batch_size * int(in_window.sum()) / (t1 - t0)
+    else:  # one counted step per worker: fall back to the mean step time
+        throughput = scenario.batch_size * scenario.workers / float(
+            np.mean([r.end_s - r.start_s for r in warm]))
+    durations = np.array([r.end_s - r.start_s for r in warm])
+    updates = [u for u in result.updates if u.step >= scenario.warmup_steps]
+    stale = np.array([u.staleness for u in updates], dtype=float)
+    per_worker = []
+    for w in range(scenario.workers):
+        mine = [u.staleness for u in updates if u.worker == w]
+        per_worker.append(float(np.mean(mine)) if mine else 0.0)
+    return Summary(
+        throughput_samples_per_s=throughput,
+        step_time_s=Spread.of(durations),
+        compute_s=float(np.mean([r.compute_s for r in warm])),
+        comm_exposed_s=float(np.mean([r.comm_exposed_s for r in warm])),
+        wait_s=float(np.mean([r.wait_s for r in warm])),
+        staleness=Spread.of(stale),
+        staleness_per_worker=tuple(per_worker),
+        staleness_values=tuple(int(s) for s in stale),
+        steps_counted=len(warm),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    strategy: str
+    options: dict[str, Any]
+    scenario: Scenario
+    summary: Summary
+    baseline_throughput_samples_per_s: float   # one worker, no communication (DDP at N=1)
+    memory: dict[str, MemoryBreakdown]
+    result: SimResult
+    wall_s: float                              # host seconds spent simulating
+
+    @property
+    def speedup(self) -> float:
+        return self.summary.throughput_samples_per_s / self.baseline_throughput_samples_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        s, sc = self.summary, self.scenario
+        prov = sc.cluster.provenance
+        return {
+            "strategy": self.strategy,
+            "options": self.options,
+            "cluster": sc.cluster.name,
+            "workload": sc.workload.name,
+            "workers": sc.workers,
+            "batch_size": sc.batch_size,
+            "seed": sc.seed,
+            "throughput_samples_per_s": s.throughput_samples_per_s,
+            "step_time_s": {"mean": s.step_time_s.mean, "p50": s.step_time_s.p50,
+                            "p95": s.step_time_s.p95},
+            "breakdown": {"compute_s": s.compute_s, "comm_exposed_s": s.comm_exposed_s,
+                          "wait_s": s.wait_s},
+            "speedup_vs_1_worker": self.speedup,
+            "speedup_baseline": "one worker of the same cluster and batch, no communication",
+            "memory": {role: _memory_json(m) for role, m in self.memory.items()},
+            "staleness": {"mean": s.staleness.mean, "p50": s.staleness.p50,
+                          "p95": s.staleness.p95, "max": s.staleness.max,
+                          "per_worker_mean": list(s.staleness_per_worker)},
+            "provenance": {k: v for k, v in asdict(prov).items() if v not in ("", 0, ())},
+            "simulation": {"events": self.result.events, "wall_s": self.wall_s,
+                           "events_per_s": self.result.events / max(self.wall_s, 1e-9),
+                           "steps_per_worker": sc.steps, "warmup_steps": sc.warmup_steps,
+                           "notes": list(self.result.notes)},
+        }
+
+
+def _memory_json(m: MemoryBreakdown) -> dict[str, Any]:
+    parts = {k: v for k, v in asdict(m).items() if k != "capacity_bytes"}
+    return {"peak_bytes": m.peak_bytes, "capacity_bytes": m.capacity_bytes, "oom": m.oom,
+            "parts": parts}
+
+
+def baseline_throughput(scenario: Scenario) -> float:
+    """One worker at nominal speed training alone: the reference for speedup."""
+    single = replace(scenario, workers=1, speed=())
+    return summarise(make_strategy("ddp").simulate(single), single).throughput_samples_per_s
+
+
+def predict(strategy: str, scenario: Scenario, **options: Any) -> Prediction:
+    model = make_strategy(strategy, **options)
+    memory = dict(model.memory(scenario))
+    start = time.perf_counter()
+    result = model.simulate(scenario)
+    wall = time.perf_counter() - start
+    return Prediction(
+        strategy=strategy, options=asdict(model.options), scenario=scenario,
+        summary=summarise(result, scenario),
+        baseline_throughput_samples_per_s=baseline_throughput(scenario),
+        memory=memory, result=result, wall_s=wall)

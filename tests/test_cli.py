@@ -1,0 +1,109 @@
+"""The command line: help everywhere, JSON keys, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli import COMMANDS, cli
+
+
+def _invoke(args, env=None):
+    """Run the real entry point in a subprocess, so error handling is exactly the user's."""
+    proc = subprocess.run([sys.executable, "-m", "perfmodel", *args], capture_output=True,
+                          text=True, env=env)
+    return proc
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_has_help_with_an_example(name):
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example" in result.output
+
+
+def test_predict_json_has_the_documented_keys():
+    proc = _invoke(["predict", "--strategy", "async-ps", "--workers", "4", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("throughput_samples_per_s", "step_time_s", "breakdown", "speedup_vs_1_worker",
+                "memory", "staleness", "provenance"):
+        assert key in out
+    assert set(out["step_time_s"]) == {"mean", "p50", "p95"}
+    assert set(out["breakdown"]) == {"compute_s", "comm_exposed_s", "wait_s"}
+    assert {"peak_bytes", "parts", "oom"} <= set(out["memory"]["worker"])
+    assert {"mean", "p50", "p95", "max", "per_worker_mean"} <= set(out["staleness"])
+    assert len(out["staleness"]["per_worker_mean"]) == 4
+    assert out["provenance"]["source"] == "spec"
+
+
+def test_predict_table_is_readable():
+    proc = _invoke(["predict", "--strategy", "ddp", "--workers", "8"])
+    assert proc.returncode == 0, proc.stderr
+    assert "throughput" in proc.stdout and "spec-derived" in proc.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["predict", "--strategy", "bogus", "--workers", "4"], "bogus"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--cluster", "nope"], "unknown cluster"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--workload", "nope"],
+     "unknown workload"),
+    (["predict", "--strategy", "ddp", "--workers", "0"], "at least 1"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--staleness-bound", "2"],
+     "does not apply to ddp"),
+    (["predict", "--strategy", "fsdp", "--workers", "4", "--bucket-cap-MiB", "10"],
+     "applies to ddp"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--speed", "1,1"], "--speed lists 2"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--speed", "1,1,1,1",
+      "--stragglers", "1"], "not both"),
+    (["predict", "--strategy", "ddp", "--workers", "4", "--jitter", "none",
+      "--jitter-cv", "0.1"], "lognormal only"),
+    (["predict", "--strategy", "ddp", "--workers", "1", "--workload", "gpt2-xl",
+      "--cluster", "a10g"], "GiB"),
+    (["sweep", "--workers", "1,x"], "integers"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    proc = _invoke(args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("content", [
+    "name = 'broken'\n[device\n",                     # malformed TOML
+    "name = 'broken'\ndescription = 'half written'\n",  # cut off after two lines
+])
+def test_broken_profile_file_names_the_file(tmp_path, content):
+    (tmp_path / "broken.toml").write_text(content)
+    env = {**os.environ, "PERFMODEL_PROFILES": str(tmp_path)}
+    proc = _invoke(["predict", "--strategy", "ddp", "--workers", "2", "--cluster", "broken"],
+                   env=env)
+    assert proc.returncode == 2
+    assert "broken.toml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_predict_never_imports_torch():
+    code = ("import sys; from perfmodel.cli import main; sys.argv=['perfmodel','predict',"
+            "'--strategy','async-ps','--workers','16','--json']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "NO-TORCH" in proc.stderr, proc.stderr
+
+
+def test_sweep_writes_table_csv_json_and_plot(tmp_path):
+    out = tmp_path / "sw"
+    proc = _invoke(["sweep", "--strategies", "ddp,async-ps", "--workers", "1,4",
+                    "--steps", "6", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [(r["strategy"], r["workers"]) for r in rows] == [
+        ("ddp", 1), ("ddp", 4), ("async-ps", 1), ("async-ps", 4)]
+    assert len((out / "sweep.csv").read_text().splitlines()) == 5
+    assert (out / "sweep.png").stat().st_size > 10_000
