@@ -1,0 +1,201 @@
+"""Turn the models of measure/models.py into the workload TOML files perfmodel reads.
+
+    python -m measure.make_workloads [NAME ...] [--out DIR]
+
+Writes one `<name>.toml` per model (default: all models, into perfmodel/data/workloads/).
+Nothing is materialised: the model is built on the meta device and run once under
+`FakeTensorMode`, so GPT-2 XL's 1.5B parameters cost no memory. Per unit it records:
+
+- `params`: the exact parameter count of the unit (a tied weight belongs to one unit only).
+- `forward_flops_per_sample`: `torch.utils.flop_counter.FlopCounterMode` for one forward at
+  the model's default batch, divided by the batch. The counter charges 2 FLOPs per
+  multiply-add and counts only matrix products (mm, addmm, bmm, convolution, attention);
+  normalisation, activations, pooling and elementwise ops are free. Attention is charged
+  for the full s x s score matrix even when causal, as FlopCounterMode does for GPU kernels.
+- `activation_bytes_per_sample`: bytes of the tensors autograd saves for backward during the
+  unit's forward (`torch.autograd.graph.saved_tensors_hooks`), divided by the batch.
+  Parameters and buffers are not activations and are skipped; a storage saved several times
+  (a tensor and its views, a block output saved again as the next unit's input) is counted
+  once, in the first unit that saves it; its bytes are the whole storage. bf16-mixed runs with
+  bf16 parameters and inputs, as FSDP's MixedPrecisionPolicy(param_dtype=bfloat16) computes,
+  so saved activations are 2 bytes per element (LayerNorm's mean and rstd stay fp32).
+  What the loss saves (GPT-2's fp32 log-softmax over the vocabulary) is charged to the last
+  unit, which computes it in practice.
+
+Same command, same torch version -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from measure.models import MODELS, ModelSpec
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "perfmodel" / "data" / "workloads"
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitMeasure:
+    name: str
+    params: int
+    forward_flops_per_sample: float
+    activation_bytes_per_sample: float
+
+
+def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
+                               **kwargs) -> int:
+    """Same formula FlopCounterMode uses for the GPU flash/efficient attention kernels; torch
+    2.13 registers none for the CPU flash kernel that fake CPU tensors dispatch to."""
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+CUSTOM_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
+}
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _materialise_fake(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Replace meta parameters and buffers by fake CPU tensors (floating ones in `dtype`);
+    call inside FakeTensorMode. CPU, not meta, so attention dispatches to the fused kernel."""
+    for module in model.modules():
+        for name, t in [*module.named_parameters(recurse=False),
+                        *module.named_buffers(recurse=False)]:
+            new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype)
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            setattr(module, name, new)
+
+
+def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMeasure]:
+    """Params, forward FLOPs and saved-activation bytes per sample of each unit of `spec`."""
+    batch = batch_size or spec.batch_size
+    inputs, targets = spec.example_batch(batch, torch.Generator().manual_seed(0))
+    dtype = torch.bfloat16 if spec.precision == "bf16-mixed" else torch.float32
+    saved_by: dict[int, str] = {}          # storage -> first unit that saved it
+    saved_bytes: dict[str, int] = {}
+    keep_alive: list[torch.Tensor] = []    # storages must outlive the pass for unique keys
+    current = [""]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in saved_by:
+            saved_by[key] = current[0]
+            saved_bytes[current[0]] += t.untyped_storage().nbytes()
+            keep_alive.append(t)
+        return t
+
+    flops: dict[str, int] = {}
+    with torch.device("meta"):
+        model = spec.build().train()
+    with FakeTensorMode() as mode:
+        _materialise_fake(model, dtype)
+        units = list(model.named_children())
+        params = [sum(p.numel() for p in unit.parameters()) for _, unit in units]
+        total = sum(p.numel() for p in model.parameters())
+        if sum(params) != total:
+            raise ValueError(f"{spec.name}: units hold {sum(params)} params but the model "
+                             f"has {total}; a parameter is shared between units")
+        for t in [*model.parameters(), *model.buffers()]:
+            saved_by[_storage_key(t)] = "(parameter or buffer)"
+        x = mode.from_tensor(inputs)
+        if x.is_floating_point():
+            x = x.to(dtype)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for name, unit in units:
+                current[0] = name
+                saved_bytes[name] = 0
+                with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
+                    x = unit(x)
+                flops[name] = counter.get_total_flops()
+            spec.loss(x, mode.from_tensor(targets))    # saves e.g. log-softmax: last unit's
+    return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
+                        activation_bytes_per_sample=saved_bytes[name] / batch)
+            for (name, _), n in zip(units, params, strict=True)]
+
+
+def _number(value: float) -> str:
+    """An exact TOML number: an integer when it is one, else Python's shortest float repr."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
+    command = f"python -m measure.make_workloads {spec.name}"
+    lines = [
+        "# GENERATED FILE: do not edit by hand. Regenerate with:",
+        f"#   {command}",
+        f"# Made with torch {torch.__version__} on fake tensors at batch {spec.batch_size}; "
+        f"per-sample values are the batch's / {spec.batch_size}.",
+        "# forward_flops_per_sample: FlopCounterMode, 2 FLOPs per multiply-add; matmul, conv and",
+        "#   attention only. activation_bytes_per_sample: distinct storages autograd saves for",
+        "#   backward, parameters excluded, at the model's precision; the loss's go to the last",
+        "#   unit. Exactly what is counted: measure/make_workloads.py.",
+        f"name = {_string(spec.name)}",
+        f"description = {_string(spec.description)}",
+        f"generated_by = {_string(command)}",
+        f"precision = {_string(spec.precision)}",
+        f"optimizer = {_string(spec.optimizer)}",
+        f"batch_size = {spec.batch_size}",
+    ]
+    for u in units:
+        lines += [
+            "",
+            "[[units]]",
+            f"name = {_string(u.name)}",
+            f"params = {u.params}",
+            f"forward_flops_per_sample = {_number(u.forward_flops_per_sample)}",
+            f"activation_bytes_per_sample = {_number(u.activation_bytes_per_sample)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_workloads(names: list[str], out_dir: Path) -> list[Path]:
+    """Measure and write `<name>.toml` for each model in `names` into `out_dir`."""
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; "
+                         f"choose from: {', '.join(MODELS)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        spec = MODELS[name]
+        path = out_dir / f"{name}.toml"
+        path.write_text(render_workload(spec, measure_units(spec)), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m measure.make_workloads",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"models to write (default all: {', '.join(MODELS)})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="output folder (default: perfmodel/data/workloads)")
+    args = parser.parse_args(argv)
+    try:
+        paths = write_workloads(args.names or list(MODELS), args.out)
+    except ValueError as e:
+        parser.error(str(e))
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
