@@ -1,0 +1,171 @@
+"""Closed-form α–β times of one collective on the cluster's two-level topology.
+
+Costs (α = per-step latency, β = seconds per byte, p ranks, n bytes; Thakur, Rabenseifner &
+Gropp, "Optimization of collective communication operations in MPICH", IJHPCA 2005):
+
+- ring all-reduce         2(p−1)·α + 2(p−1)/p · n·β
+- ring all-gather         (p−1)·α  + (p−1)/p · n·β      n = the gathered (output) size
+- ring reduce-scatter     (p−1)·α  + (p−1)/p · n·β      n = the input size
+- ring (pipelined) bcast  (p−1)·α  + n·β                 NCCL's broadcast; busbw factor 1
+- binomial broadcast      ⌈lg p⌉·(α + n·β)
+- send/recv               α + n·β
+
+The reduction term γ is taken as 0: NCCL fuses the reduction into the copy, and a calibrated
+β (gloo on CPU) already contains it.
+
+"tree" all-reduce is NCCL's double binary tree (Sanders, Speck & Träff, Parallel Computing
+2009; NCCL 2.4): a chain inside each node and two complementary binary trees across nodes,
+reduce up and broadcast down, pipelined. Its cost follows NCCL's own tuning model
+(src/graph/tuning.cc, ncclTopoTuneModel): latency 2·((d−1)·α_intra + ⌊lg k⌋·α_inter) for d
+ranks per node and k nodes, and algorithm bandwidth half the bus bandwidth, i.e. 2·n·β.
+So tree beats ring on latency (logarithmic in nodes) and loses to it on bandwidth.
+
+Hierarchy: ranks are packed onto nodes of `cluster.devices_per_node`. Inside one node every
+step uses `cluster.intra_node` (per device). A ring over k > 1 nodes is bounded by the slowest
+link it uses: β = max(β_intra, β_inter), where the node NIC `cluster.inter_node` is shared by
+the node's devices but a ring crosses each NIC once in each direction, so the NIC carries
+about one rank's ring traffic. Latency counts the steps that cross nodes at α_inter and the
+rest at α_intra, as NCCL's tuner does (2(k−1) crossing steps of an all-reduce, k−1 of an
+all-gather or reduce-scatter).
+
+β comes from `Link.seconds_per_byte(n)`: efficiency is looked up at the collective's total
+size n, the size nccl-tests reports busbw at (doc/PERFORMANCE.md).
+
+No torch and no simpy here: the measurement layer imports `busbw_factor`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from perfmodel.cluster import ClusterProfile, Link
+from perfmodel.errors import PerfmodelError
+
+ALLREDUCE_ALGORITHMS = ("ring", "tree")
+BROADCAST_ALGORITHMS = ("ring", "binomial")
+# nccl-tests (doc/PERFORMANCE.md): busbw = algbw x factor(n ranks)
+_BUSBW_FACTORS = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send-recv": lambda n: 1.0,
+}
+
+
+def busbw_factor(op: str, ranks: int) -> float:
+    """nccl-tests' factor turning algorithm bandwidth S/t into bus bandwidth."""
+    if op not in _BUSBW_FACTORS:
+        raise PerfmodelError(f"unknown collective '{op}'; choose from: "
+                             f"{', '.join(_BUSBW_FACTORS)}")
+    _check(ranks, 0.0)
+    return _BUSBW_FACTORS[op](ranks)
+
+
+def _check(workers: int, nbytes: float) -> None:
+    if workers < 1:
+        raise PerfmodelError(f"a collective needs at least 1 rank, got {workers}")
+    if nbytes < 0:
+        raise PerfmodelError(f"message size must be >= 0 bytes, got {nbytes}")
+
+
+def _nodes(cluster: ClusterProfile, workers: int) -> int:
+    return cluster.nodes_for(workers)
+
+
+def _beta(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
+    """Seconds per byte of the slowest link a ring over `workers` packed ranks uses."""
+    beta = cluster.intra_node.seconds_per_byte(nbytes)
+    if _nodes(cluster, workers) > 1:
+        beta = max(beta, cluster.inter_node.seconds_per_byte(nbytes))
+    return beta
+
+
+def _ring_latency(cluster: ClusterProfile, workers: int, steps: int, inter_steps: int) -> float:
+    """`steps` ring steps, `inter_steps` of them crossing a node boundary (NCCL tuning.cc)."""
+    if _nodes(cluster, workers) == 1:
+        inter_steps = 0
+    return ((steps - inter_steps) * cluster.intra_node.latency_s
+            + inter_steps * cluster.inter_node.latency_s)
+
+
+def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
+                algorithm: str = "ring") -> float:
+    """Seconds for an all-reduce of `nbytes` (per rank, in and out) over `workers` ranks."""
+    _check(workers, nbytes)
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise PerfmodelError(f"unknown all-reduce algorithm '{algorithm}'; choose from: "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+    p = workers
+    if p == 1:
+        return 0.0
+    k = _nodes(cluster, p)
+    beta = _beta(cluster, p, nbytes)
+    if algorithm == "ring":
+        latency = _ring_latency(cluster, p, 2 * (p - 1), 2 * (k - 1))
+        return latency + 2 * (p - 1) / p * nbytes * beta
+    per_node = min(p, cluster.devices_per_node)
+    latency = 2 * ((per_node - 1) * cluster.intra_node.latency_s
+                   + int(math.log2(k)) * cluster.inter_node.latency_s)
+    return latency + 2 * nbytes * beta
+
+
+def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
+    """Seconds for a ring all-gather whose gathered output is `nbytes` (n/p from each rank)."""
+    _check(workers, nbytes)
+    p = workers
+    if p == 1:
+        return 0.0
+    latency = _ring_latency(cluster, p, p - 1, _nodes(cluster, p) - 1)
+    return latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)
+
+
+def reduce_scatter_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
+    """Seconds for a ring reduce-scatter of `nbytes` per rank in (n/p out); γ = 0."""
+    return allgather_s(cluster, workers, nbytes)
+
+
+def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
+                algorithm: str = "ring") -> float:
+    """Seconds to broadcast `nbytes` from one rank: pipelined ring (NCCL) or binomial tree."""
+    _check(workers, nbytes)
+    if algorithm not in BROADCAST_ALGORITHMS:
+        raise PerfmodelError(f"unknown broadcast algorithm '{algorithm}'; choose from: "
+                             f"{', '.join(BROADCAST_ALGORITHMS)}")
+    p = workers
+    if p == 1:
+        return 0.0
+    k = _nodes(cluster, p)
+    beta = _beta(cluster, p, nbytes)
+    if algorithm == "ring":
+        return _ring_latency(cluster, p, p - 1, k - 1) + nbytes * beta
+    alpha = cluster.intra_node.latency_s
+    if k > 1:
+        alpha = max(alpha, cluster.inter_node.latency_s)
+    return math.ceil(math.log2(p)) * (alpha + nbytes * beta)
+
+
+def link_transfer_s(link: Link, nbytes: float) -> float:
+    """Seconds for one point-to-point message of `nbytes` over `link`: α + n·β."""
+    _check(1, nbytes)
+    return link.latency_s + nbytes * link.seconds_per_byte(nbytes)
+
+
+def sendrecv_s(cluster: ClusterProfile, nbytes: float, across_nodes: bool = False) -> float:
+    """Seconds for one send/recv of `nbytes` between two ranks, in one node or across two."""
+    return link_transfer_s(cluster.inter_node if across_nodes else cluster.intra_node, nbytes)
+
+
+def collective_s(kind: str, cluster: ClusterProfile, workers: int, nbytes: float,
+                 algorithm: str = "ring") -> float:
+    """Dispatch by the CommRecord kind: all-reduce, all-gather, reduce-scatter, broadcast."""
+    if kind == "all-reduce":
+        return allreduce_s(cluster, workers, nbytes, algorithm)
+    if kind == "all-gather":
+        return allgather_s(cluster, workers, nbytes)
+    if kind == "reduce-scatter":
+        return reduce_scatter_s(cluster, workers, nbytes)
+    if kind == "broadcast":
+        return broadcast_s(cluster, workers, nbytes, algorithm)
+    raise PerfmodelError(f"unknown collective '{kind}'; choose from: all-reduce, all-gather, "
+                         f"reduce-scatter, broadcast")

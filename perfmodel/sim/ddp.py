@@ -1,0 +1,188 @@
+"""DistributedDataParallel: bucketed gradient all-reduce overlapping backward.
+
+Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.md):
+- each step runs the units' forward in order, then their backward in reverse;
+- gradients are bucketed in reverse parameter order: the first bucket holds
+  `first_bucket_MiB` (1 MiB, `dist._DEFAULT_FIRST_BUCKET_BYTES`), later ones `bucket_cap_MiB`
+  (25 MiB). A unit's gradients become ready pro rata through its backward, so a unit bigger
+  than the cap fills several buckets, each ready part-way through that unit;
+- a bucket's all-reduce starts when the bucket is ready on ALL ranks and the previous bucket's
+  all-reduce is done (one communication stream: a `SharedLink`), overlapping the rest of
+  backward; the optimizer step runs after the last all-reduce, the next step after that.
+
+One SimPy process drives all workers at once: per-worker clocks are numpy arrays (workers run
+independently between collectives; a collective starts at the latest rank's ready time), and
+a `reducer` SimPy process, the communication stream, all-reduces the buckets in order on the
+shared link. SimPy events per step are O(buckets), independent of the worker count.
+
+Per worker and step, end_s − start_s = compute_s + comm_exposed_s + wait_s, where the blocked
+time (end − start − compute) is split by a counterfactual: comm_exposed_s is the blocked time
+the worker would have had if every rank had run exactly as fast as it did (communication its
+own compute did not hide); wait_s is the rest, time lost because OTHER ranks were late
+(stragglers, jitter). Synchronous training: every update has staleness 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
+from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.engine import CountingEnvironment, SharedLink
+from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
+from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import Workload
+
+MiB = 2**20
+MAX_BUCKETS = 100_000       # beyond this a bucket cap is a typo, and the simulation would crawl
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One DDP gradient bucket: its size and when its last gradient is ready."""
+
+    nbytes: float
+    ready_backward_s: float     # nominal seconds into backward when its last gradient is ready
+
+
+def gradient_buckets(workload: Workload, backward_s: np.ndarray, bucket_cap_MiB: float,
+                     first_bucket_MiB: float) -> list[Bucket]:
+    """Buckets in the order DDP all-reduces them (reverse parameter order).
+
+    `backward_s` is the nominal backward seconds per unit in forward order.
+    """
+    grad_bytes = np.array([u.params * workload.precision_spec.grad_bytes
+                           for u in workload.units], dtype=float)[::-1]
+    bwd = np.asarray(backward_s, dtype=float)[::-1]
+    total = grad_bytes.sum()
+    if total <= 0:
+        return []
+    first, cap = first_bucket_MiB * MiB, bucket_cap_MiB * MiB
+    if (total - first) / cap > MAX_BUCKETS:
+        raise PerfmodelError(f"a {bucket_cap_MiB:g} MiB bucket cap splits {total / MiB:,.0f} MiB "
+                             f"of gradients into more than {MAX_BUCKETS:,} buckets; raise it")
+    ends = list(np.arange(first, total, cap)) + [total]   # byte offset where each bucket ends
+    cum_bytes, cum_bwd = np.cumsum(grad_bytes), np.cumsum(bwd)
+    buckets, previous = [], 0.0
+    for end in ends:
+        u = int(np.searchsorted(cum_bytes, end, side="left"))   # unit holding the last byte
+        u = min(u, len(grad_bytes) - 1)
+        fraction = (end - (cum_bytes[u] - grad_bytes[u])) / grad_bytes[u]
+        ready = cum_bwd[u] - bwd[u] + min(fraction, 1.0) * bwd[u]
+        buckets.append(Bucket(nbytes=float(end - previous), ready_backward_s=float(ready)))
+        previous = end
+    return buckets
+
+
+def link_name(scenario: Scenario) -> str:
+    return "inter_node" if scenario.cluster.nodes_for(scenario.workers) > 1 else "intra_node"
+
+
+def sync_step_records(step: int, start: np.ndarray, end: np.ndarray, compute: np.ndarray,
+                      alone_end: np.ndarray) -> tuple[list[StepRecord], list[UpdateRecord]]:
+    """One synchronous step's records for every worker.
+
+    `alone_end` is when each worker would have ended had every rank run as it did; the
+    blocked time up to it is comm_exposed_s, the rest wait_s (see the module docstring).
+    """
+    blocked = np.maximum(end - start - compute, 0.0)
+    exposed = np.clip(alone_end - start - compute, 0.0, blocked)
+    wait = blocked - exposed
+    rows = zip(start.tolist(), end.tolist(), compute.tolist(), exposed.tolist(),
+               wait.tolist(), strict=True)
+    steps, updates = [], []
+    for w, (s, e, c, x, wt) in enumerate(rows):
+        steps.append(StepRecord(w, step, s, e, c, x, wt))
+        updates.append(UpdateRecord(w, step, step, step, e))
+    return steps, updates
+
+
+class DDP:
+    """PyTorch DistributedDataParallel."""
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Options:
+        bucket_cap_MiB: float = 25.0     # DDP(bucket_cap_mb=...)
+        first_bucket_MiB: float = 1.0    # dist._DEFAULT_FIRST_BUCKET_BYTES
+        allreduce: str = "ring"          # NCCL algorithm: ring | tree
+
+        def __post_init__(self):
+            if not self.bucket_cap_MiB > 0:
+                raise PerfmodelError(f"bucket_cap_MiB must be positive, got {self.bucket_cap_MiB}")
+            if not self.first_bucket_MiB > 0:
+                raise PerfmodelError(
+                    f"first_bucket_MiB must be positive, got {self.first_bucket_MiB}")
+            if self.allreduce not in ALLREDUCE_ALGORITHMS:
+                raise PerfmodelError(f"unknown all-reduce algorithm '{self.allreduce}'; "
+                                     f"choose from: {', '.join(ALLREDUCE_ALGORITHMS)}")
+
+    name = "ddp"
+
+    def __init__(self, options: Options | None = None):
+        self.options = options if options is not None else DDP.Options()
+
+    def memory(self, scenario: Scenario):
+        from perfmodel.memory import ddp_memory
+
+        return {"worker": ddp_memory(scenario, self.options.bucket_cap_MiB,
+                                     self.options.first_bucket_MiB)}
+
+    def simulate(self, scenario: Scenario) -> SimResult:
+        cluster, n = scenario.cluster, scenario.workers
+        times = unit_times(cluster, scenario.workload, scenario.batch_size)
+        forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
+        buckets = gradient_buckets(scenario.workload, times.backward_s,
+                                   self.options.bucket_cap_MiB, self.options.first_bucket_MiB)
+        communicate = n > 1 and bool(buckets)
+        ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
+        durations = np.array([allreduce_s(cluster, n, b.nbytes, self.options.allreduce)
+                              for b in buckets])
+        # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
+        rest_s = np.cumsum(durations[::-1])[::-1]
+
+        env = CountingEnvironment()
+        comms: list[CommRecord] = []
+        link = SharedLink(env, link_name(scenario), comms)
+        noise = StepNoise(scenario, scenario.rng())
+        steps: list[StepRecord] = []
+        updates: list[UpdateRecord] = []
+
+        def reducer(issue: np.ndarray):
+            """The communication stream: all-reduce each bucket once every rank has it."""
+            for b, bucket in enumerate(buckets):
+                if issue[b] > env.now:
+                    yield env.timeout(issue[b] - env.now)
+                yield from link.transfer("all-reduce", -1, bucket.nbytes, durations[b])
+            return env.now
+
+        def training():
+            clock = np.zeros(n)
+            for step in range(scenario.steps):
+                slow = noise.draw()
+                start = clock
+                backward_end = start + (forward_s + backward_s) * slow
+                comm_end, alone_comm_end = -np.inf, np.full(n, -np.inf)
+                if communicate:
+                    ready = start + np.outer(ready_s, slow)           # (bucket, worker)
+                    comm_end = yield env.process(reducer(ready.max(axis=1)))
+                    # counterfactual: the same chain if every rank had this worker's times
+                    alone_comm_end = (ready + rest_s[:, None]).max(axis=0)
+                optimizer = times.optimizer_s * slow
+                clock = np.maximum(backward_end, comm_end) + optimizer
+                alone_end = np.maximum(backward_end, alone_comm_end) + optimizer
+                compute = (forward_s + backward_s + times.optimizer_s) * slow
+                s, u = sync_step_records(step, start, clock, compute, alone_end)
+                steps.extend(s)
+                updates.extend(u)
+                yield env.timeout(max(0.0, clock.max() - env.now))
+
+        env.process(training())
+        env.run()
+        note = (f"{len(buckets)} gradient buckets per step ({self.options.first_bucket_MiB:g} MiB "
+                f"first, {self.options.bucket_cap_MiB:g} MiB cap), {self.options.allreduce} "
+                f"all-reduce over {link.name}")
+        return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
+                         events=env.events, notes=(note,))

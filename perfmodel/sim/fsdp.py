@@ -1,0 +1,174 @@
+"""Fully Sharded Data Parallel: per-unit all-gather and reduce-scatter, prefetched.
+
+Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.md):
+- every unit is wrapped; its parameters are sharded 1/N per rank;
+- forward: all-gather the unit's parameters (params x param_bytes in total) before its
+  forward; full-shard frees them afterwards (reshard_after_forward=True);
+- backward (reverse order): full-shard all-gathers the unit again before its backward;
+  grad-op (reshard_after_forward=False, ZeRO-2-like) keeps them and skips that all-gather;
+  after the unit's backward its gradients (params x grad_bytes) are reduce-scattered;
+- prefetch k: the all-gather of the unit k places ahead is issued when a unit's compute
+  starts, so it overlaps that compute (k = 0: issued when the previous unit's compute ends;
+  FSDP1's BACKWARD_PRE / forward_prefetch, FSDP2's implicit prefetching);
+- the optimizer steps over this rank's 1/N of the parameters after the last reduce-scatter.
+Traffic per rank is 3Ψ(N−1)/N for full-shard and 2Ψ(N−1)/N for grad-op, against DDP's
+2Ψ(N−1)/N (ZeRO, Rajbhandari et al. 2020: 1.5x).
+
+Simplification: all-gathers and reduce-scatters share ONE FIFO link. NCCL runs them on
+separate streams that share the network's bandwidth; FIFO keeps the bytes and their order
+and gives the same total, but it cannot overlap an all-gather with a reduce-scatter.
+
+Same vectorised design as `ddp.py`: one SimPy process drives all workers with numpy clocks,
+each collective is a SimPy process on the shared link and starts when the last rank issues it;
+records, the wait_s / comm_exposed_s split and staleness 0 are as documented there.
+With 1 worker there is no communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
+from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.ddp import link_name, sync_step_records
+from perfmodel.sim.engine import CountingEnvironment, SharedLink
+from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
+from perfmodel.sim.scenario import Scenario
+
+VARIANTS = ("full-shard", "grad-op")
+
+
+def collective(env, link: SharedLink, kind: str, nbytes: float, duration_s: float,
+               issue_s: float):
+    """SimPy process: a collective issued by the last rank at `issue_s`; returns its end time."""
+    if issue_s > env.now:
+        yield env.timeout(issue_s - env.now)
+    yield from link.transfer(kind, -1, nbytes, duration_s)
+    return env.now
+
+
+class _Network:
+    """Launches collectives on the shared link, and replays them per worker as if every rank
+    had this worker's timing (the counterfactual behind comm_exposed_s)."""
+
+    def __init__(self, env, link: SharedLink, workers: int):
+        self.env, self.link, self.workers = env, link, workers
+        self.alone_free = np.zeros(workers)      # per worker: when its counterfactual link frees
+        self.pending = {}
+
+    def launch(self, key, kind: str, nbytes: float, duration_s: float,
+               issue: np.ndarray, alone_issue: np.ndarray) -> None:
+        """Issue a collective; per rank it is issued at `issue` (`alone_issue` counterfactual)."""
+        if self.workers == 1 or nbytes <= 0:
+            return
+        proc = self.env.process(collective(self.env, self.link, kind, nbytes, duration_s,
+                                           float(issue.max())))
+        self.alone_free = np.maximum(alone_issue, self.alone_free) + duration_s
+        self.pending[key] = (proc, self.alone_free)
+
+    def wait(self, key, clock: np.ndarray, alone: np.ndarray):
+        """Generator: block every worker until collective `key` is done; returns both clocks."""
+        if key not in self.pending:
+            return clock, alone
+        proc, alone_end = self.pending.pop(key)
+        end = yield proc
+        return np.maximum(clock, end), np.maximum(alone, alone_end)
+
+
+class FSDP:
+    """PyTorch FullyShardedDataParallel (FSDP2 `fully_shard` on every unit)."""
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Options:
+        variant: str = "full-shard"     # full-shard | grad-op (reshard_after_forward=False)
+        prefetch: int = 1               # units all-gathered ahead; 0 = none
+
+        def __post_init__(self):
+            if self.variant not in VARIANTS:
+                raise PerfmodelError(f"unknown FSDP variant '{self.variant}'; choose from: "
+                                     f"{', '.join(VARIANTS)}")
+            if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) \
+                    or self.prefetch < 0:
+                raise PerfmodelError(f"prefetch must be a whole number >= 0, got {self.prefetch}")
+
+    name = "fsdp"
+
+    def __init__(self, options: Options | None = None):
+        self.options = options if options is not None else FSDP.Options()
+
+    def memory(self, scenario: Scenario):
+        from perfmodel.memory import fsdp_memory
+
+        return {"worker": fsdp_memory(scenario, self.options.variant, self.options.prefetch)}
+
+    def simulate(self, scenario: Scenario) -> SimResult:
+        cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
+        units = len(wl.units)
+        times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n)
+        param_bytes = [u.params * wl.precision_spec.param_bytes for u in wl.units]
+        grad_bytes = [u.params * wl.precision_spec.grad_bytes for u in wl.units]
+        gather_s = [allgather_s(cluster, n, b) for b in param_bytes]
+        scatter_s = [reduce_scatter_s(cluster, n, b) for b in grad_bytes]
+        k = self.options.prefetch
+        ahead = max(k, 1)                       # all-gathers in flight when a phase begins
+        regather = self.options.variant == "full-shard"
+
+        env = CountingEnvironment()
+        comms: list[CommRecord] = []
+        link = SharedLink(env, link_name(scenario), comms)
+        net = _Network(env, link, n)
+        noise = StepNoise(scenario, scenario.rng())
+        steps: list[StepRecord] = []
+        updates: list[UpdateRecord] = []
+
+        def gather(phase: str, u: int, clock: np.ndarray, alone: np.ndarray) -> None:
+            net.launch((phase, u), "all-gather", param_bytes[u], gather_s[u], clock, alone)
+
+        def training():
+            clock = np.zeros(n)
+            for step in range(scenario.steps):
+                slow = noise.draw()
+                start = t = ta = clock          # t: real clocks; ta: counterfactual clocks
+                for u in range(min(ahead, units)):
+                    gather("forward", u, t, ta)
+                for u in range(units):
+                    t, ta = yield from net.wait(("forward", u), t, ta)
+                    if k and u + k < units:
+                        gather("forward", u + k, t, ta)
+                    t, ta = t + times.forward_s[u] * slow, ta + times.forward_s[u] * slow
+                    if not k and u + 1 < units:
+                        gather("forward", u + 1, t, ta)
+                order = list(range(units - 1, -1, -1))   # backward: last unit first
+                if regather:
+                    for u in order[:ahead]:
+                        gather("backward", u, t, ta)
+                for j, u in enumerate(order):
+                    if regather:
+                        t, ta = yield from net.wait(("backward", u), t, ta)
+                        if k and j + k < units:
+                            gather("backward", order[j + k], t, ta)
+                    t, ta = t + times.backward_s[u] * slow, ta + times.backward_s[u] * slow
+                    net.launch(("scatter", u), "reduce-scatter", grad_bytes[u], scatter_s[u],
+                               t, ta)
+                    if regather and not k and j + 1 < units:
+                        gather("backward", order[j + 1], t, ta)
+                for u in order:
+                    t, ta = yield from net.wait(("scatter", u), t, ta)
+                optimizer = times.optimizer_s * slow
+                clock, alone_end = t + optimizer, ta + optimizer
+                compute = (times.forward_s.sum() + times.backward_s.sum()
+                           + times.optimizer_s) * slow
+                s, up = sync_step_records(step, start, clock, compute, alone_end)
+                steps.extend(s)
+                updates.extend(up)
+                yield env.timeout(max(0.0, clock.max() - env.now))
+
+        env.process(training())
+        env.run()
+        notes = (f"{self.options.variant}, prefetch {k}: all-gathers and reduce-scatters share "
+                 f"one FIFO link ({link.name}); the optimizer updates 1/{n} of the parameters",)
+        return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
+                         events=env.events, notes=notes)

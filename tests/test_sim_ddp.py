@@ -1,0 +1,184 @@
+"""DDP simulation against the ring all-reduce formula, overlap, stragglers and invariants.
+
+Sources: torch 2.13 DDP (reducer.cpp: buckets in reverse parameter order, 1 MiB first bucket,
+25 MiB cap; all-reduce overlaps backward); Thakur, Rabenseifner & Gropp 2005 (ring all-reduce
+2(p-1)α + 2(p-1)/p·nβ and the bandwidth bound 2(p-1)/p·n/B).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from factories import flat_link, make_cluster, make_workload
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import perfmodel.memory
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import allreduce_s
+from perfmodel.sim.compute import unit_times
+from perfmodel.sim.ddp import DDP, gradient_buckets
+from perfmodel.sim.scenario import Scenario
+
+MiB = 2**20
+REL = 1e-9          # the event model against a closed form: float rounding only
+BOUND_REL = 0.01    # the bandwidth bound is reached within 1 % (latency terms are left)
+
+
+def scenario(cluster, workload, workers, **kw) -> Scenario:
+    kw.setdefault("steps", 4)
+    kw.setdefault("warmup_steps", 1)
+    kw.setdefault("jitter", "none")
+    return Scenario(cluster=cluster, workload=workload, workers=workers,
+                    batch_size=kw.pop("batch_size", 8), **kw)
+
+
+def step_times(result, step=None) -> np.ndarray:
+    return np.array([r.end_s - r.start_s for r in result.steps if step in (None, r.step)])
+
+
+def zero_compute_cluster(latency_us=2.0):
+    return make_cluster(zero_compute=True, intra_node=flat_link(100.0, latency_us),
+                        inter_node=flat_link(10.0, 4 * latency_us))
+
+
+def test_buckets_follow_torch_sizes():
+    # 4 units x 10M fp32 params = 160 MB in reverse order: 1 MiB, then 25 MiB buckets
+    wl = make_workload(units=4, params_per_unit=10_000_000)
+    buckets = gradient_buckets(wl, np.ones(4), 25.0, 1.0)
+    total = 160e6
+    expected = [MiB] + [25 * MiB] * int((total - MiB) // (25 * MiB))
+    expected.append(total - sum(expected))
+    assert [b.nbytes for b in buckets] == pytest.approx(expected, rel=REL)
+    # pro-rata readiness: the 1 MiB bucket is ready 1 MiB / 40 MB into the last unit's backward
+    assert buckets[0].ready_backward_s == pytest.approx(MiB / 40e6, rel=REL)
+    assert buckets[-1].ready_backward_s == pytest.approx(4.0, rel=REL)
+
+
+@pytest.mark.parametrize("workers", [4, 16])
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_zero_compute_step_is_the_sum_of_allreduces(workers, algorithm):
+    # with no compute every bucket is ready at once: the all-reduces run back to back
+    cluster = zero_compute_cluster()
+    wl = make_workload(units=4, params_per_unit=10_000_000)
+    sc = scenario(cluster, wl, workers)
+    result = DDP(DDP.Options(allreduce=algorithm)).simulate(sc)
+    buckets = gradient_buckets(wl, np.zeros(4), 25.0, 1.0)
+    expected = sum(allreduce_s(cluster, workers, b.nbytes, algorithm) for b in buckets)
+    assert step_times(result) == pytest.approx(expected, rel=REL)
+    assert len(result.comms) == len(buckets) * sc.steps
+
+
+@pytest.mark.parametrize("workers", [2, 8, 64])
+def test_single_bucket_reaches_the_bandwidth_bound(workers):
+    # one bucket holding the whole model: 2(p-1)/p · n/B (Thakur et al. 2005 lower bound)
+    cluster = zero_compute_cluster(latency_us=1.0)
+    wl = make_workload(units=4, params_per_unit=25_000_000)
+    n = wl.params * 4
+    options = DDP.Options(bucket_cap_MiB=n / MiB, first_bucket_MiB=n / MiB)
+    result = DDP(options).simulate(scenario(cluster, wl, workers))
+    bandwidth = 100e9 if workers <= 8 else 10e9
+    bound = 2 * (workers - 1) / workers * n / bandwidth
+    assert len(result.comms) == 4          # one all-reduce per step
+    assert step_times(result) == pytest.approx(bound, rel=BOUND_REL)
+    assert step_times(result).min() >= bound
+
+
+def test_compute_hides_all_but_the_last_bucket():
+    # overlap (DDP design): with compute >> communication, step = compute + the last bucket's
+    # all-reduce, which can only start when backward ends
+    cluster = make_cluster(intra_node=flat_link(100.0, 2.0))
+    wl = make_workload(units=8, params_per_unit=5_000_000, flops_per_sample=2e11)
+    sc = scenario(cluster, wl, 8)
+    times = unit_times(cluster, wl, sc.batch_size)
+    buckets = gradient_buckets(wl, times.backward_s, 25.0, 1.0)
+    durations = [allreduce_s(cluster, 8, b.nbytes) for b in buckets]
+    result = DDP().simulate(sc)
+    assert step_times(result) == pytest.approx(times.step_s + durations[-1], rel=REL)
+    assert sum(durations) > 10 * durations[-1]        # most communication was hidden
+
+
+def test_staleness_zero_and_records_complete():
+    cluster = make_cluster()
+    wl = make_workload(units=6)
+    sc = scenario(cluster, wl, 12, jitter="lognormal", jitter_cv=0.1, steps=5)
+    result = DDP().simulate(sc)
+    assert all(u.staleness == 0 for u in result.updates)
+    for w in range(12):
+        assert [r.step for r in result.steps if r.worker == w] == list(range(5))
+    for r in result.steps:
+        assert min(r.compute_s, r.comm_exposed_s, r.wait_s) >= 0.0
+        assert r.compute_s + r.comm_exposed_s + r.wait_s == pytest.approx(
+            r.end_s - r.start_s, rel=REL)
+    assert all(c.worker == -1 and c.end_s >= c.start_s >= 0 for c in result.comms)
+    assert result.events > 0
+
+
+def test_events_do_not_grow_with_workers():
+    # the vectorised design: SimPy events per step are O(buckets), not O(workers x units)
+    cluster, wl = make_cluster(), make_workload(units=6)
+    small = DDP().simulate(scenario(cluster, wl, 4)).events
+    large = DDP().simulate(scenario(cluster, wl, 256)).events
+    assert large <= 1.5 * small
+
+
+def test_one_worker_has_no_communication():
+    cluster, wl = make_cluster(), make_workload()
+    result = DDP().simulate(scenario(cluster, wl, 1))
+    assert result.comms == ()
+    times = unit_times(cluster, wl, 8)
+    assert step_times(result) == pytest.approx(times.step_s, rel=REL)
+
+
+def test_straggler_slows_everyone_and_shows_as_wait():
+    # synchronous training runs at the pace of its slowest worker (DESIGN.md)
+    cluster = make_cluster(intra_node=flat_link(100.0, 2.0))
+    wl = make_workload(units=6, flops_per_sample=2e10)
+    compute = unit_times(cluster, wl, 8).step_s
+    base = DDP().simulate(scenario(cluster, wl, 4))
+    slow = DDP().simulate(scenario(cluster, wl, 4, speed=(0.5, 1.0, 1.0, 1.0)))
+    for w in range(4):
+        before = [r.end_s - r.start_s for r in base.steps if r.worker == w and r.step >= 1]
+        after = [r.end_s - r.start_s for r in slow.steps if r.worker == w and r.step >= 1]
+        assert min(after) > max(before) + 0.5 * compute
+    waits = {w: np.mean([r.wait_s for r in slow.steps if r.worker == w and r.step >= 1])
+             for w in range(4)}
+    assert waits[0] == pytest.approx(0.0, abs=1e-12)
+    assert all(waits[w] > 0.5 * compute for w in (1, 2, 3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(bw=st.floats(0.5, 500.0), more=st.floats(1.0, 50.0), workers=st.integers(1, 24),
+       algorithm=st.sampled_from(["ring", "tree"]))
+def test_more_bandwidth_is_never_slower(bw, more, workers, algorithm):
+    # property (STYLE.md); the same seed gives the same jitter draws in both runs
+    wl = make_workload(units=5, params_per_unit=3_000_000)
+
+    def makespan(b):
+        c = make_cluster(intra_node=flat_link(b, 3.0), inter_node=flat_link(b / 6, 15.0))
+        sc = scenario(c, wl, workers, jitter="lognormal", jitter_cv=0.1, steps=3)
+        result = DDP(DDP.Options(allreduce=algorithm)).simulate(sc)
+        assert all(r.start_s >= 0 and r.end_s >= r.start_s for r in result.steps)
+        return max(r.end_s for r in result.steps)
+
+    assert makespan(bw * more) <= makespan(bw) * (1 + REL)
+
+
+@pytest.mark.parametrize("bad", [{"bucket_cap_MiB": 0}, {"first_bucket_MiB": -1},
+                                 {"allreduce": "butterfly"}])
+def test_bad_options_are_a_perfmodel_error(bad):
+    with pytest.raises(PerfmodelError):
+        DDP.Options(**bad)
+
+
+@pytest.mark.skipif(not hasattr(perfmodel.memory, "ddp_memory"),
+                    reason="perfmodel.memory.ddp_memory not written yet")
+def test_memory_has_a_worker_entry():
+    sc = scenario(make_cluster(), make_workload(), 4)
+    assert DDP().memory(sc)["worker"].peak_bytes > 0
+
+
+def test_absurdly_small_bucket_cap_is_a_perfmodel_error():
+    wl = make_workload(units=4, params_per_unit=10_000_000)
+    with pytest.raises(PerfmodelError):
+        gradient_buckets(wl, np.ones(4), 1e-4, 1.0)
