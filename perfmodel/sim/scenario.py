@@ -19,7 +19,8 @@ class Scenario:
     workload: Workload
     workers: int
     batch_size: int                     # samples per worker per step
-    steps: int = 20                     # steps (sync) or pushes (PS) per worker to simulate
+    steps: int = 20                     # per worker (ddp, fsdp, sync-ps); async-ps and ssp-ps
+                                        # share workers x steps mini-batches: fast ones do more
     warmup_steps: int = 2               # per worker, left out of every summary
     speed: tuple[float, ...] = ()       # per-worker relative speed; () = all 1.0; 0.25 = 4x slower
     jitter: str = "lognormal"           # distribution of a step's compute-time multiplier
