@@ -145,3 +145,13 @@ def test_more_bandwidth_is_never_slower(bw, more, workers, nbytes, algorithm):
     t_fast = allreduce_s(fast, workers, nbytes, algorithm)
     assert 0.0 <= t_fast <= allreduce_s(slow, workers, nbytes, algorithm)
     assert math.isfinite(t_fast)
+
+
+@pytest.mark.parametrize("workers", [2, 8, 64, 1024])
+@pytest.mark.parametrize("nbytes", [1e3, 1e6, 1e9])
+def test_auto_allreduce_takes_the_faster_algorithm(workers, nbytes):
+    # NCCL's tuner (src/graph/tuning.cc) picks the algorithm with the lowest predicted time.
+    cluster = make_cluster("a100")
+    ring = allreduce_s(cluster, workers, nbytes, "ring")
+    tree = allreduce_s(cluster, workers, nbytes, "tree")
+    assert allreduce_s(cluster, workers, nbytes, "auto") == min(ring, tree)

@@ -53,8 +53,9 @@ def strategy_options(f):
                      help="ddp: gradient bucket cap [25]."),
         click.option("--first-bucket-MiB", "first_bucket_MiB", type=float, default=None,
                      help="ddp: first bucket size [1]."),
-        click.option("--allreduce", type=click.Choice(["ring", "tree"]), default=None,
-                     help="ddp: all-reduce algorithm [ring]."),
+        click.option("--allreduce", type=click.Choice(["auto", "ring", "tree"]), default=None,
+                     help="ddp: all-reduce algorithm; auto takes the faster per bucket, as "
+                          "NCCL's tuner does [auto]."),
         click.option("--variant", type=click.Choice(["full-shard", "grad-op"]), default=None,
                      help="fsdp: full-shard (ZeRO-3) or grad-op (ZeRO-2-like) [full-shard]."),
         click.option("--prefetch", type=click.IntRange(0), default=None,

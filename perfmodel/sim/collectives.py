@@ -41,7 +41,7 @@ import math
 from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 
-ALLREDUCE_ALGORITHMS = ("ring", "tree")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree")
 BROADCAST_ALGORITHMS = ("ring", "binomial")
 # nccl-tests (doc/PERFORMANCE.md): busbw = algbw x factor(n ranks)
 _BUSBW_FACTORS = {
@@ -99,6 +99,9 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
     p = workers
     if p == 1:
         return 0.0
+    if algorithm == "auto":  # NCCL's tuner picks the fastest predicted algorithm per size
+        return min(allreduce_s(cluster, p, nbytes, "ring"), allreduce_s(cluster, p, nbytes,
+                                                                          "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
     if algorithm == "ring":
@@ -135,6 +138,9 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
     p = workers
     if p == 1:
         return 0.0
+    if algorithm == "auto":  # NCCL's tuner picks the fastest predicted algorithm per size
+        return min(allreduce_s(cluster, p, nbytes, "ring"), allreduce_s(cluster, p, nbytes,
+                                                                          "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
     if algorithm == "ring":

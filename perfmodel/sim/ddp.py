@@ -107,7 +107,7 @@ class DDP:
     class Options:
         bucket_cap_MiB: float = 25.0     # DDP(bucket_cap_mb=...)
         first_bucket_MiB: float = 1.0    # dist._DEFAULT_FIRST_BUCKET_BYTES
-        allreduce: str = "ring"          # NCCL algorithm: ring | tree
+        allreduce: str = "auto"          # NCCL algorithm: ring | tree | auto (the faster)
 
         def __post_init__(self):
             if not self.bucket_cap_MiB > 0:

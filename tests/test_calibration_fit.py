@@ -1,0 +1,292 @@
+"""Calibration fits recover known parameters from measurements the model itself generates.
+
+Synthetic measurements: the simulator's own closed forms (perfmodel/sim/collectives.py for
+collectives, perfmodel/sim/compute.py `pass_seconds` for unit passes) times 3 % multiplicative
+Gaussian noise from a seeded Generator. The fit must return the parameters used (issue 4:
+"α, β, compute rate within 5 %").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import calibration.fit as fit_module
+from calibration.fit_compute import (
+    UnitTiming,
+    fit_compute,
+    fit_jitter_cv,
+    fit_optimizer_rate,
+    fit_overlap_slowdown,
+)
+from calibration.fit_memory import MemorySample, fit_memory
+from calibration.fit_network import CollectiveSample, fit_link, fit_network, samples_from_rows
+from calibration.fit_ps import fit_push_link, fit_push_rate, fit_server_apply
+from calibration.uncertainty import prediction_interval
+from perfmodel.cluster import Link, interpolate_log
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import collective_s, sendrecv_s
+from perfmodel.sim.compute import pass_seconds
+from tests.factories import flat_link, make_cluster
+
+NOISE = 0.03                 # multiplicative noise on every synthetic time (3 %)
+PARAM_TOL = 0.05             # issue 4: α, β and the compute rate within 5 %
+CURVE_TOL = 0.05             # efficiency where the bandwidth term dominates, absolute
+TIME_TOL = 0.08              # fitted model's time vs the noise-free truth, every point
+OPS = ("all-reduce", "all-gather", "broadcast")
+SIZES = 2.0 ** np.arange(10, 29)            # 1 KiB .. 256 MiB, as an nccl-tests sweep
+CURVE = ((1e4, 0.2), (1e6, 0.6), (1.6e7, 1.0))
+
+
+def truth_cluster(curve=CURVE):
+    intra = Link(bandwidth_GBps=1.5, latency_us=200.0, efficiency_by_bytes=curve)
+    inter = Link(bandwidth_GBps=0.5, latency_us=800.0, efficiency_by_bytes=curve)
+    return make_cluster("local", devices_per_node=4, intra_node=intra, inter_node=inter)
+
+
+def sweep(cluster, rng, ranks=(2, 4, 8, 16), repeats=2):
+    return [CollectiveSample(op=op, ranks=p, bytes=float(n), nodes=cluster.nodes_for(p),
+                             time_s=collective_s(op, cluster, p, n) * (1 + NOISE * rng.normal()))
+            for p in ranks for op in OPS for n in SIZES for _ in range(repeats)]
+
+
+def fitted_cluster(cluster, fits):
+    links = {scope: Link(bandwidth_GBps=f.bandwidth_GBps.value, latency_us=f.latency_us.value,
+                         efficiency_by_bytes=f.efficiency_by_bytes) for scope, f in fits.items()}
+    return dataclasses.replace(cluster, **links)
+
+
+def test_network_fit_recovers_alpha_beta_and_efficiency_curve():
+    # Thakur et al. 2005 α–β ring costs with a size-dependent efficiency (collectives.py)
+    truth = truth_cluster()
+    fits = fit_network(sweep(truth, np.random.default_rng(1)))
+    for scope, link in (("intra_node", truth.intra_node), ("inter_node", truth.inter_node)):
+        f = fits[scope]
+        assert f.curve_fitted
+        assert f.latency_us.value == pytest.approx(link.latency_us, rel=PARAM_TOL)
+        assert f.bandwidth_GBps.value == pytest.approx(link.bandwidth_GBps, rel=PARAM_TOL)
+        assert f.latency_us.rms_rel == pytest.approx(NOISE, rel=0.25)   # residual = the noise
+        for n in (1e6, 4e6, 1.6e7, 1e8):   # sizes where the bandwidth term dominates
+            assert interpolate_log(f.efficiency_by_bytes, n) == pytest.approx(
+                interpolate_log(CURVE, n), abs=CURVE_TOL)
+        assert all(0 < e <= 1 for _, e in f.efficiency_by_bytes)
+    model = fitted_cluster(truth, fits)
+    for op in OPS:
+        for p in (2, 8):
+            for n in SIZES:
+                assert collective_s(op, model, p, n) == pytest.approx(
+                    collective_s(op, truth, p, n), rel=TIME_TOL)
+
+
+def test_network_fit_keeps_a_flat_link_flat():
+    # no efficiency loss in the data: the F-test must not invent a curve
+    truth = truth_cluster(curve=((1.0, 1.0),))
+    f = fit_network(sweep(truth, np.random.default_rng(2)))["intra_node"]
+    assert not f.curve_fitted and f.efficiency_by_bytes[0][1] == 1.0
+    assert f.latency_us.value == pytest.approx(200.0, rel=PARAM_TOL)
+    assert f.bandwidth_GBps.value == pytest.approx(1.5, rel=PARAM_TOL)
+    assert set(f.by_op) == set(OPS)
+
+
+def test_samples_from_store_rows():
+    rows = [{"op": "all-reduce", "bytes": 1024, "time_s": 1e-3, "busbw_GBps": 1.0}]
+    assert samples_from_rows(rows, world_size=4, nodes=2) == [
+        CollectiveSample(op="all-reduce", ranks=4, bytes=1024.0, time_s=1e-3, nodes=2)]
+
+
+def test_too_few_sizes_names_the_scope_and_what_was_found():
+    samples = [CollectiveSample(op="all-reduce", ranks=2, bytes=1024.0, time_s=t)
+               for t in (1e-3, 1.1e-3)]
+    with pytest.raises(PerfmodelError, match=r"intra_node: need .*>= 3 message sizes.*found 1"):
+        fit_network(samples)
+
+
+def test_times_falling_with_size_give_non_physical_bandwidth():
+    samples = [CollectiveSample(op="all-reduce", ranks=2, bytes=n, time_s=1.0 / n)
+               for n in (1e3, 1e4, 1e5, 1e6)]
+    with pytest.raises(PerfmodelError, match="intra_node.bandwidth_GBps"):
+        fit_network(samples)
+
+
+def test_negative_latency_is_refused():
+    # t = n/B − 0.5 ms: an exact fit needs α < 0, far outside its (zero) standard error
+    samples = [CollectiveSample(op="send-recv", ranks=2, bytes=n, time_s=n / 1e9 - 5e-4)
+               for n in (1e6, 1e7, 1e8)]
+    with pytest.raises(PerfmodelError, match="intra_node.latency_us.*negative"):
+        fit_link(samples, "intra_node")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1e-3, float("inf")])
+def test_bad_times_are_refused(bad):
+    samples = [CollectiveSample(op="all-reduce", ranks=2, bytes=n, time_s=1e-3)
+               for n in (1e3, 1e4, 1e5)]
+    samples[1] = dataclasses.replace(samples[1], time_s=bad)
+    with pytest.raises(PerfmodelError, match="all-reduce timing at 2 ranks has time_s ="):
+        fit_network(samples)
+
+
+def test_inter_node_needs_the_intra_node_fit():
+    samples = [CollectiveSample(op="all-reduce", ranks=8, nodes=2, bytes=n, time_s=n / 1e9)
+               for n in (1e3, 1e5, 1e7)]
+    with pytest.raises(PerfmodelError, match="needs the intra_node fit"):
+        fit_link(samples, "inter_node")
+
+
+def test_fit_that_does_not_converge_is_an_error(monkeypatch):
+    monkeypatch.setattr(fit_module, "MAX_ITERATIONS", 1)
+    with pytest.raises(PerfmodelError, match="did not converge"):
+        fit_network(sweep(truth_cluster(), np.random.default_rng(1), ranks=(2,)))
+
+
+UNITS = {"conv1": 2e6, "conv2": 8e6, "fc": 5e5}      # forward FLOPs per sample
+BATCHES = (1, 4, 16, 64, 256)
+
+
+def unit_timings(cluster, rng):
+    ratio = cluster.compute.backward_flops_ratio
+    return [UnitTiming(unit=u, phase=phase, batch_size=b,
+                       median_s=pass_seconds(cluster, f * b * r, "fp32")
+                       * (1 + NOISE * rng.normal()))
+            for u, f in UNITS.items() for b in BATCHES
+            for phase, r in (("forward", 1.0), ("backward", ratio))]
+
+
+def compute_cluster(curve, overhead_us=50.0):
+    c = make_cluster("local")
+    return dataclasses.replace(c, compute=dataclasses.replace(
+        c.compute, efficiency_by_flops=curve, overhead_us_per_unit=overhead_us))
+
+
+def test_compute_fit_recovers_overhead_and_rate():
+    # pass_seconds = overhead + FLOPs / (peak x efficiency): 0.45 x 0.08 TFLOPS = 36 GFLOP/s
+    truth = compute_cluster(((1.0, 0.45),))
+    f = fit_compute(unit_timings(truth, np.random.default_rng(3)), UNITS, peak_TFLOPS=0.08)
+    assert not f.curve_fitted
+    assert f.overhead_us_per_unit.value == pytest.approx(50.0, rel=PARAM_TOL)
+    assert f.achieved_TFLOPS.value == pytest.approx(0.036, rel=PARAM_TOL)
+    assert f.efficiency_by_flops[0][1] == pytest.approx(0.45, rel=PARAM_TOL)
+    # dense layers: backward does 2x the forward FLOPs, so 2x the time at constant efficiency
+    assert f.backward_time_ratio.value == pytest.approx(2.0, rel=0.1)
+
+
+def test_compute_fit_follows_an_efficiency_curve():
+    # overhead and a rising efficiency trade off at small FLOPs (both add time there), so
+    # the check is the predicted pass time, and the efficiency where FLOPs dominate
+    curve = ((1e6, 0.1), (1e8, 0.4), (1e10, 0.6))
+    truth = compute_cluster(curve)
+    f = fit_compute(unit_timings(truth, np.random.default_rng(3)), UNITS, peak_TFLOPS=0.08)
+    assert f.curve_fitted
+    model = dataclasses.replace(truth, compute=dataclasses.replace(
+        truth.compute, efficiency_by_flops=f.efficiency_by_flops,
+        overhead_us_per_unit=f.overhead_us_per_unit.value))
+    for flops in np.geomspace(5e5, 4e9, 30):
+        assert pass_seconds(model, flops, "fp32") == pytest.approx(
+            pass_seconds(truth, flops, "fp32"), rel=TIME_TOL)
+    assert interpolate_log(f.efficiency_by_flops, 2e9) == pytest.approx(
+        interpolate_log(curve, 2e9), rel=PARAM_TOL)
+
+
+def test_compute_above_the_device_peak_names_the_peak():
+    truth = compute_cluster(((1.0, 0.45),))
+    timings = unit_timings(truth, np.random.default_rng(3))
+    with pytest.raises(PerfmodelError, match="device.peak_TFLOPS"):
+        fit_compute(timings, UNITS, peak_TFLOPS=0.02)
+
+
+def test_compute_needs_three_flop_counts_and_known_units():
+    one = [UnitTiming(unit="fc", phase="forward", batch_size=8, median_s=1e-3)] * 3
+    with pytest.raises(PerfmodelError, match=r">= 3 distinct FLOP counts.*found 1"):
+        fit_compute(one, UNITS, peak_TFLOPS=0.08)
+    with pytest.raises(PerfmodelError, match="unit 'attn' is not in the workload"):
+        fit_compute([UnitTiming(unit="attn", phase="forward", batch_size=8, median_s=1e-3)],
+                    UNITS, peak_TFLOPS=0.08)
+
+
+def test_overlap_slowdown_jitter_and_optimizer_rate():
+    rng = np.random.default_rng(4)
+    predicted = rng.uniform(0.05, 0.5, 40)
+    measured = 1.3 * predicted * (1 + NOISE * rng.normal(size=40))
+    slow = fit_overlap_slowdown(measured, predicted)
+    assert slow.parameter == "compute.overlap_slowdown"
+    assert slow.value == pytest.approx(1.3, rel=PARAM_TOL)
+    assert slow.rms_rel == pytest.approx(NOISE, rel=0.3)
+    # lognormal with CV 0.05 (the StepNoise draw of perfmodel/sim/compute.py)
+    sigma2 = math.log1p(0.05**2)
+    steps = rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), 2000)
+    assert fit_jitter_cv(steps).value == pytest.approx(0.05, rel=0.1)
+    nbytes = rng.uniform(1e6, 1e8, 20)
+    opt = fit_optimizer_rate(nbytes, nbytes / 5e9 * (1 + NOISE * rng.normal(size=20)))
+    assert opt.value == pytest.approx(5.0, rel=PARAM_TOL)
+    with pytest.raises(PerfmodelError, match="one prediction per step"):
+        fit_overlap_slowdown([1.0, 2.0], [1.0])
+
+
+def test_memory_fit_recovers_constant_and_fraction():
+    # measured = framework + (1 + fraction) x analytic (calibration/fit_memory.py)
+    rng = np.random.default_rng(5)
+    analytic = np.geomspace(2e8, 8e9, 12)
+    measured = (0.3 * 2**30 + 1.1 * analytic) * (1 + 0.01 * rng.normal(size=12))
+    f = fit_memory([MemorySample(measured_bytes=m, analytic_bytes=a)
+                    for m, a in zip(measured, analytic, strict=True)])
+    assert f.framework_overhead_GiB.value == pytest.approx(0.3, rel=0.1)
+    assert f.overhead_fraction.value == pytest.approx(0.1, abs=0.02)
+    with pytest.raises(PerfmodelError, match="found 1 run"):
+        fit_memory([MemorySample(measured_bytes=2e9, analytic_bytes=1e9)])
+
+
+def test_ps_apply_rate_and_push_link():
+    rng = np.random.default_rng(6)
+    nbytes = np.geomspace(1e5, 4e8, 15)
+    apply = fit_server_apply(nbytes, nbytes / 2e9 * (1 + NOISE * rng.normal(size=15)))
+    assert apply.parameter == "server.apply_GBps"
+    assert apply.value == pytest.approx(2.0, rel=PARAM_TOL)
+    # pushes of a size sweep: α + n·β (collectives.py link_transfer_s)
+    cluster = make_cluster("local", intra_node=flat_link(1.2, latency_us=350.0))
+    sizes = np.repeat(np.geomspace(1e3, 4e8, 18), 2)
+    push = [sendrecv_s(cluster, n) * (1 + NOISE * rng.normal()) for n in sizes]
+    link = fit_push_link(sizes, push, "intra_node")
+    assert link.latency_us.value == pytest.approx(350.0, rel=PARAM_TOL)
+    assert link.bandwidth_GBps.value == pytest.approx(1.2, rel=PARAM_TOL)
+    one_size = [sendrecv_s(cluster, 1e8) * (1 + NOISE * rng.normal()) for _ in range(5)]
+    rate = fit_push_rate([1e8] * 5, one_size, scope="intra_node", latency_us=350.0)
+    assert rate.value == pytest.approx(1.2, rel=PARAM_TOL)
+
+
+# --- prediction interval (calibration/uncertainty.py) ----------------------------------------
+
+COVERAGE_TOL = 0.01          # Monte Carlo: 20,000 draws give a standard error of ~0.2 %
+
+
+def test_interval_is_z_sigma_wide_and_covers_what_it_says():
+    # log T ~ Normal(log T̂, σ), σ² = r_c² + r_n² + s²; z(0.9) = 1.6449 (normal table)
+    iv = prediction_interval(2.0, network_rms_rel=0.03, compute_rms_rel=0.04,
+                             run_spread_cv=0.12, coverage=0.9)
+    sigma = math.sqrt(0.03**2 + 0.04**2 + 0.12**2)
+    assert iv.sigma_rel == pytest.approx(sigma)
+    assert iv.low_s == pytest.approx(2.0 * math.exp(-1.6449 * sigma), rel=1e-4)
+    assert iv.high_s == pytest.approx(2.0 * math.exp(1.6449 * sigma), rel=1e-4)
+    draws = 2.0 * np.exp(np.random.default_rng(7).normal(0.0, sigma, 20_000))
+    inside = np.mean((draws >= iv.low_s) & (draws <= iv.high_s))
+    assert inside == pytest.approx(0.9, abs=COVERAGE_TOL)
+
+
+@given(base=st.floats(0.0, 0.5), extra=st.floats(1e-3, 0.5),
+       which=st.sampled_from(["network_rms_rel", "compute_rms_rel", "run_spread_cv"]))
+def test_interval_widens_with_every_error(base, extra, which):
+    errors = {"network_rms_rel": base, "compute_rms_rel": base, "run_spread_cv": base}
+    narrow = prediction_interval(1.0, **errors)
+    wide = prediction_interval(1.0, **{**errors, which: base + extra})
+    assert wide.low_s < narrow.low_s <= 1.0 <= narrow.high_s < wide.high_s
+
+
+def test_interval_refuses_bad_input():
+    with pytest.raises(PerfmodelError, match="coverage"):
+        prediction_interval(1.0, network_rms_rel=0.1, compute_rms_rel=0.1, run_spread_cv=0.1,
+                            coverage=1.0)
+    with pytest.raises(PerfmodelError, match="network_rms_rel"):
+        prediction_interval(1.0, network_rms_rel=-0.1, compute_rms_rel=0.1, run_spread_cv=0.1)
