@@ -50,39 +50,42 @@ class Summary:
 
 
 def summarise(result: SimResult, scenario: Scenario) -> Summary:
-    warm = [r for r in result.steps if r.step >= scenario.warmup_steps]
-    if not warm:
+    rec = np.array([(r.worker, r.step, r.start_s, r.end_s, r.compute_s, r.comm_exposed_s,
+                     r.wait_s) for r in result.steps], dtype=float).reshape(-1, 7)
+    worker, step, start, end, compute, comm, wait = rec.T
+    warm = step >= scenario.warmup_steps
+    if not warm.any():
         raise ValueError("simulation produced no steps after warm-up")
-    per_worker_first: dict[int, float] = {}
-    per_worker_last: dict[int, float] = {}
-    for r in warm:
-        per_worker_first[r.worker] = min(per_worker_first.get(r.worker, np.inf), r.start_s)
-        per_worker_last[r.worker] = max(per_worker_last.get(r.worker, -np.inf), r.end_s)
-    t0, t1 = max(per_worker_first.values()), min(per_worker_last.values())
-    ends = np.array([r.end_s for r in warm])
-    in_window = (ends > t0) & (ends <= t1)
+    worker, start, end = worker[warm].astype(int), start[warm], end[warm]
+    first = np.full(scenario.workers, np.inf)
+    last = np.full(scenario.workers, -np.inf)
+    np.minimum.at(first, worker, start)
+    np.maximum.at(last, worker, end)
+    active = np.isfinite(first)
+    t0, t1 = first[active].max(), last[active].min()
+    in_window = (end > t0) & (end <= t1)
+    durations = end - start
     if t1 > t0 and in_window.any():
         throughput = scenario.batch_size * int(in_window.sum()) / (t1 - t0)
     else:  # one counted step per worker: fall back to the mean step time
-        throughput = scenario.batch_size * scenario.workers / float(
-            np.mean([r.end_s - r.start_s for r in warm]))
-    durations = np.array([r.end_s - r.start_s for r in warm])
-    updates = [u for u in result.updates if u.step >= scenario.warmup_steps]
-    stale = np.array([u.staleness for u in updates], dtype=float)
-    per_worker = []
-    for w in range(scenario.workers):
-        mine = [u.staleness for u in updates if u.worker == w]
-        per_worker.append(float(np.mean(mine)) if mine else 0.0)
+        throughput = scenario.batch_size * scenario.workers / float(durations.mean())
+    upd = np.array([(u.worker, u.step, u.staleness) for u in result.updates],
+                   dtype=float).reshape(-1, 3)
+    upd = upd[upd[:, 1] >= scenario.warmup_steps]
+    stale, who = upd[:, 2], upd[:, 0].astype(int)
+    counts = np.bincount(who, minlength=scenario.workers)
+    sums = np.bincount(who, weights=stale, minlength=scenario.workers)
+    per_worker = np.divide(sums, counts, out=np.zeros(scenario.workers), where=counts > 0)
     return Summary(
         throughput_samples_per_s=throughput,
         step_time_s=Spread.of(durations),
-        compute_s=float(np.mean([r.compute_s for r in warm])),
-        comm_exposed_s=float(np.mean([r.comm_exposed_s for r in warm])),
-        wait_s=float(np.mean([r.wait_s for r in warm])),
+        compute_s=float(compute[warm].mean()),
+        comm_exposed_s=float(comm[warm].mean()),
+        wait_s=float(wait[warm].mean()),
         staleness=Spread.of(stale),
-        staleness_per_worker=tuple(per_worker),
+        staleness_per_worker=tuple(float(v) for v in per_worker),
         staleness_values=tuple(int(s) for s in stale),
-        steps_counted=len(warm),
+        steps_counted=int(warm.sum()),
     )
 
 
