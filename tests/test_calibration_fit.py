@@ -23,6 +23,7 @@ from calibration.fit_compute import (
     fit_jitter_cv,
     fit_optimizer_rate,
     fit_overlap_slowdown,
+    timings_from_rows,
 )
 from calibration.fit_memory import MemorySample, fit_memory
 from calibration.fit_network import CollectiveSample, fit_link, fit_network, samples_from_rows
@@ -189,6 +190,12 @@ def test_compute_fit_follows_an_efficiency_curve():
             pass_seconds(truth, flops, "fp32"), rel=TIME_TOL)
     assert interpolate_log(f.efficiency_by_flops, 2e9) == pytest.approx(
         interpolate_log(curve, 2e9), rel=PARAM_TOL)
+
+
+def test_timings_from_store_rows():
+    rows = [{"unit": "fc", "batch_size": 8, "pass": "backward", "median_s": 2e-3, "iqr_s": 0}]
+    assert timings_from_rows(rows) == [
+        UnitTiming(unit="fc", phase="backward", batch_size=8, median_s=2e-3)]
 
 
 def test_compute_above_the_device_peak_names_the_peak():

@@ -65,6 +65,7 @@ def test_written_profile_loads_with_every_fitted_value(fits, profiles):
     data = build_profile("local", base, fits, INFO)
     result = write_profile(data, now=NOW)
     assert result.path == profiles / "local.toml" and result.backup is None
+    assert result.path.stat().st_mode & 0o777 == 0o644           # not mkstemp's private 0600
     c = load_cluster("local")                     # the user folder shadows the shipped one
     assert c.path == result.path
     assert c.provenance.source == "measured" and c.provenance.runs == 7

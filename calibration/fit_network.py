@@ -1,0 +1,179 @@
+"""Fit each link class's latency, bandwidth and size-dependent efficiency from collective sweeps.
+
+The model is the simulator's (perfmodel/sim/collectives.py; Thakur, Rabenseifner & Gropp,
+"Optimization of collective communication operations in MPICH", IJHPCA 2005): a ring
+collective of n bytes over p ranks packed onto k nodes takes
+
+    (steps − crossing)·α_intra + crossing·α_inter + busbw_factor(op, p)·n·β(n)
+
+    op               steps      crossing (k > 1)   busbw_factor (nccl-tests PERFORMANCE.md)
+    all-reduce       2(p−1)     2(k−1)             2(p−1)/p
+    all-gather       p−1        k−1                (p−1)/p     n = the gathered output
+    reduce-scatter   p−1        k−1                (p−1)/p     n = the input
+    broadcast        p−1        k−1                1           pipelined ring (NCCL)
+    send-recv        1          1                  1
+
+with β(n) = 1 / (bandwidth_GBps·1e9 · efficiency(n)) of the slowest link the ring uses, the
+efficiency looked up at n (cluster.Link.seconds_per_byte). Single-node measurements fit
+`intra_node`; measurements over several nodes then fit `inter_node` with α_intra known and
+the node link taken as the bottleneck (β = β_inter), which holds when the NIC is slower per
+rank than the links inside a node, as on every cluster the profiles describe.
+
+The bandwidth is the best achieved one and the efficiency curve (kept only where the
+residuals show it, see calibration/fit.py) is relative to it, so every fraction is in (0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibration.fit import FitResult, Residual, fit_latency_rate, fit_result
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import busbw_factor
+
+SCOPES = ("intra_node", "inter_node")
+MIN_SIZES = 3                # distinct message sizes needed per scope to separate α from β
+# (steps, crossing steps) of the ring algorithm for p ranks on k nodes, as in collectives.py
+_RING_STEPS = {
+    "all-reduce": lambda p, k: (2 * (p - 1), 2 * (k - 1)),
+    "all-gather": lambda p, k: (p - 1, k - 1),
+    "reduce-scatter": lambda p, k: (p - 1, k - 1),
+    "broadcast": lambda p, k: (p - 1, k - 1),
+    "send-recv": lambda p, k: (1, 1 if k > 1 else 0),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveSample:
+    """One timed collective: the nccl-tests row (op, size, time) and where it ran."""
+
+    op: str                 # all-reduce, all-gather, reduce-scatter, broadcast, send-recv
+    ranks: int
+    bytes: float            # nccl-tests size S (all-gather: output; reduce-scatter: input)
+    time_s: float           # median time of one call
+    nodes: int = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """The fitted parameters of one link class, ready for a profile's [intra_node]/[inter_node]."""
+
+    scope: str                                       # "intra_node" or "inter_node"
+    latency_us: FitResult
+    bandwidth_GBps: FitResult
+    efficiency_by_bytes: tuple[tuple[float, float], ...]   # [message bytes, fraction]
+    curve_fitted: bool                               # False: flat, the residuals showed none
+    by_op: dict[str, Residual]                       # how well the one model fits each op
+
+    @property
+    def results(self) -> tuple[FitResult, ...]:
+        return (self.latency_us, self.bandwidth_GBps)
+
+
+def samples_from_rows(rows: Iterable[Any], world_size: int, nodes: int = 1
+                      ) -> list[CollectiveSample]:
+    """Collective samples from store rows (objects or dicts with op, bytes, time_s) of one run."""
+    def get(row: Any, key: str) -> Any:
+        return row[key] if isinstance(row, dict) else getattr(row, key)
+
+    return [CollectiveSample(op=get(r, "op"), ranks=world_size, bytes=float(get(r, "bytes")),
+                             time_s=float(get(r, "time_s")), nodes=nodes) for r in rows]
+
+
+def fit_network(samples: Sequence[CollectiveSample]) -> dict[str, LinkFit]:
+    """Fit `intra_node` from single-node samples, then `inter_node` if there are any over nodes."""
+    fits = {"intra_node": fit_link(samples, "intra_node")}
+    if any(s.nodes > 1 and s.ranks > 1 for s in samples):
+        fits["inter_node"] = fit_link(samples, "inter_node", intra=fits["intra_node"])
+    return fits
+
+
+def fit_link(samples: Sequence[CollectiveSample], scope: str = "intra_node",
+             intra: LinkFit | None = None) -> LinkFit:
+    """Fit α, bandwidth and the efficiency curve of one scope from the samples that use it.
+
+    Samples with one rank (no communication) and those of the other scope are left out.
+    `inter_node` needs the `intra` fit for the ring steps that stay inside a node.
+    """
+    if scope not in SCOPES:
+        raise PerfmodelError(f"unknown link scope '{scope}'; choose from: {', '.join(SCOPES)}")
+    use = [s for s in samples if s.ranks > 1 and (s.nodes > 1) == (scope == "inter_node")]
+    _check_samples(use, scope)
+    what = _describe(use, scope)
+    steps, crossing, volume = _design(use)
+    size = np.array([s.bytes for s in use])
+    times = np.array([s.time_s for s in use])
+    if scope == "intra_node":
+        alpha_steps, known = steps, np.zeros_like(times)
+    else:
+        inside = steps - crossing
+        if intra is None and inside.any():
+            raise PerfmodelError("inter_node: fitting it needs the intra_node fit first "
+                                 "(measure the same collectives on one node)")
+        alpha_intra = 0.0 if intra is None else intra.latency_us.value * 1e-6
+        alpha_steps, known = crossing, inside * alpha_intra
+    fit = fit_latency_rate(alpha_steps, volume, size, times, known,
+                           names=(f"{scope}.latency_us", f"{scope}.bandwidth_GBps"), what=what)
+    ops = np.array([s.op for s in use])
+    return LinkFit(
+        scope=scope,
+        latency_us=fit_result(f"{scope}.latency_us", fit.latency * 1e6,
+                              fit.latency_stderr * 1e6, fit.rel),
+        bandwidth_GBps=fit_result(f"{scope}.bandwidth_GBps", fit.rate / 1e9,
+                                  fit.rate_stderr / 1e9, fit.rel),
+        efficiency_by_bytes=fit.curve,
+        curve_fitted=fit.curve_kept,
+        by_op={str(op): Residual.of(fit.rel[ops == op]) for op in sorted(set(ops))},
+    )
+
+
+def _check_samples(use: list[CollectiveSample], scope: str) -> None:
+    for s in use:
+        if s.op not in _RING_STEPS:
+            raise PerfmodelError(f"unknown collective '{s.op}' in the measurements; choose "
+                                 f"from: {', '.join(_RING_STEPS)}")
+        if s.nodes > s.ranks:
+            raise PerfmodelError(f"a {s.op} measurement has {s.ranks} ranks on {s.nodes} "
+                                 f"nodes; every node needs at least one rank")
+        for field in ("bytes", "time_s"):
+            value = getattr(s, field)
+            if not math.isfinite(value) or value <= 0:
+                raise PerfmodelError(
+                    f"{scope}: a {s.op} timing at {s.ranks} ranks has {field} = {value!r}, "
+                    f"not a finite number > 0; fix or remove that measurement")
+    sizes = sorted({s.bytes for s in use})
+    if len(sizes) < MIN_SIZES:
+        where = "on one node" if scope == "intra_node" else "over 2 or more nodes"
+        found = ", ".join(_human(b) for b in sizes) or "none"
+        raise PerfmodelError(
+            f"{scope}: need collective timings (e.g. all-reduce) at >= {MIN_SIZES} message "
+            f"sizes with >= 2 ranks {where}, found {len(sizes)} ({found})")
+
+
+def _design(use: list[CollectiveSample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample: ring steps, steps that cross nodes, and bytes each rank sends."""
+    steps, crossing, volume = [], [], []
+    for s in use:
+        total, cross = _RING_STEPS[s.op](s.ranks, s.nodes)
+        steps.append(total)
+        crossing.append(cross)
+        volume.append(busbw_factor(s.op, s.ranks) * s.bytes)
+    return np.array(steps, float), np.array(crossing, float), np.array(volume)
+
+
+def _describe(use: list[CollectiveSample], scope: str) -> str:
+    ops = ", ".join(sorted({s.op for s in use}))
+    lo, hi = min(s.bytes for s in use), max(s.bytes for s in use)
+    return f"{len(use)} {scope} timings ({ops}; {_human(lo)}-{_human(hi)})"
+
+
+def _human(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"

@@ -1,0 +1,73 @@
+"""Fit a parameter server's apply rate and the rate of the link its pushes cross.
+
+The simulator's server (DESIGN.md, closed queueing network) serves a push of Ψ bytes in
+S = t_apply + Ψ/B: t_apply = gradient bytes / server.apply_GBps (the SGD apply is
+memory-bound: it reads w and g and writes w), and the transfer is one point-to-point message
+on the server's link, α + n·β(n) (perfmodel/sim/collectives.py `link_transfer_s`).
+
+- `fit_server_apply`: apply_GBps through the origin from timed updates (bytes, seconds).
+- `fit_push_link`: a full α–β fit of the server's link from pushes of >= 3 sizes, the same
+  fit as a send/recv sweep (calibration/fit_network.py).
+- `fit_push_rate`: with pushes of one size (one model), the rate left once α (from the
+  collective fit of the same link) is taken off: a check of the link's bandwidth x efficiency
+  at that size, which is all one size can tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from calibration.fit import FitResult, check_measurements, fit_rate
+from calibration.fit_network import SCOPES, CollectiveSample, LinkFit, fit_link
+from perfmodel.errors import PerfmodelError
+
+
+def fit_server_apply(update_bytes: Sequence[float], apply_s: Sequence[float]) -> FitResult:
+    """server.apply_GBps: gradient bytes applied per second by one server."""
+    return fit_rate(update_bytes, apply_s, parameter="server.apply_GBps",
+                    what="server update timings", unit_scale=1e9)
+
+
+def fit_push_link(push_bytes: Sequence[float], push_s: Sequence[float],
+                  scope: str = "intra_node") -> LinkFit:
+    """α, bandwidth and efficiency of the server's link from pushes of several sizes."""
+    _check_scope(scope)
+    nbytes = check_measurements(push_bytes, "push bytes")
+    seconds = check_measurements(push_s, "push seconds")
+    _same_length(nbytes, seconds)
+    nodes = 2 if scope == "inter_node" else 1
+    samples = [CollectiveSample(op="send-recv", ranks=2, bytes=float(b), time_s=float(t),
+                                nodes=nodes) for b, t in zip(nbytes, seconds, strict=True)]
+    return fit_link(samples, scope)
+
+
+def fit_push_rate(push_bytes: Sequence[float], push_s: Sequence[float], *,
+                  scope: str = "intra_node", latency_us: float = 0.0) -> FitResult:
+    """<scope>.push_GBps: bytes per second of pushes once the link latency is taken off."""
+    _check_scope(scope)
+    if latency_us < 0:
+        raise PerfmodelError(f"{scope}.latency_us must be >= 0, got {latency_us}")
+    nbytes = check_measurements(push_bytes, "push bytes")
+    seconds = check_measurements(push_s, "push seconds")
+    _same_length(nbytes, seconds)
+    left = seconds - latency_us * 1e-6
+    if (left <= 0).any():
+        i = int(np.flatnonzero(left <= 0)[0])
+        raise PerfmodelError(f"{scope}.latency_us = {latency_us:g} us exceeds push {i}'s "
+                             f"time of {seconds[i] * 1e6:.3g} us; the latency fit and the "
+                             f"push timings disagree")
+    return fit_rate(nbytes, left, parameter=f"{scope}.push_GBps", what="push timings",
+                    unit_scale=1e9)
+
+
+def _check_scope(scope: str) -> None:
+    if scope not in SCOPES:
+        raise PerfmodelError(f"unknown link scope '{scope}'; choose from: {', '.join(SCOPES)}")
+
+
+def _same_length(a: np.ndarray, b: np.ndarray) -> None:
+    if a.size != b.size:
+        raise PerfmodelError(f"{a.size} push sizes but {b.size} push times; give one of each "
+                             f"per push")

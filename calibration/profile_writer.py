@@ -1,0 +1,333 @@
+"""Build a measured cluster profile from fitted parameters and write it atomically as TOML.
+
+The profile has the fields perfmodel/cluster.py parses. What was measured replaces the base
+profile's value; everything else (device peaks and capacity, topology, what was not fitted)
+is copied from the base profile and listed in [calibration] as `unmeasured`. Provenance says
+`source = "measured"` with date, host, device names, versions and the number of runs; each
+fitted parameter's residuals go to [calibration.residuals."<field>"], and the relative errors
+calibration/uncertainty.py needs to [calibration] (perfmodel.cluster ignores both tables).
+
+Writing is atomic (a temporary file in the same folder, flushed, then os.replace, which is
+atomic on POSIX and Windows), so a crash leaves the old profile or the new one, never half of
+one; an existing profile is first copied to <name>.toml.bak-<UTC timestamp>. The TOML text is
+produced here (no dependency; Python's repr of a float is valid TOML and round-trips exactly)
+and checked by parsing it back with tomllib and perfmodel.cluster.parse_profile before it
+replaces anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration.fit import FitResult
+from calibration.fit_compute import ComputeFit
+from calibration.fit_memory import MemoryFit
+from calibration.fit_network import LinkFit
+from perfmodel.cluster import ClusterProfile, Link, parse_profile, user_profile_dir
+from perfmodel.errors import PerfmodelError
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# Profile fields calibration can measure; those it did not are listed as `unmeasured`.
+MEASURABLE_FIELDS = (
+    "intra_node.bandwidth_GBps", "intra_node.latency_us", "intra_node.efficiency_by_bytes",
+    "inter_node.bandwidth_GBps", "inter_node.latency_us", "inter_node.efficiency_by_bytes",
+    "compute.efficiency_by_flops", "compute.overhead_us_per_unit", "compute.optimizer_GBps",
+    "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
+    "device.memory_overhead_fraction", "server.apply_GBps",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredFits:
+    """Whatever calibration fitted; None = not measured, keep the base profile's value."""
+
+    intra_node: LinkFit | None = None
+    inter_node: LinkFit | None = None
+    compute: ComputeFit | None = None
+    jitter_cv: FitResult | None = None
+    optimizer_GBps: FitResult | None = None
+    overlap_slowdown: FitResult | None = None       # proposed field compute.overlap_slowdown
+    memory: MemoryFit | None = None
+    server_apply_GBps: FitResult | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """Where and with what the measurements were taken."""
+
+    host: str
+    device_names: tuple[str, ...]   # one per device seen, e.g. ("NVIDIA A10G",) or ("CPU core",)
+    versions: str                   # e.g. "torch 2.13.0, gloo"
+    runs: int                       # measurement runs the fits used
+    run_spread_cv: float | None = None   # run-to-run CV of a repeated configuration's step
+    date: str = ""                  # ISO 8601; "" = now, in UTC
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteResult:
+    path: Path
+    backup: Path | None             # the previous profile's copy, if there was one
+
+
+def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: RunInfo,
+                  description: str | None = None) -> dict[str, Any]:
+    """The measured profile as a plain dict in the TOML layout cluster.parse_profile reads."""
+    date = info.date or dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    names = list(dict.fromkeys(info.device_names)) or [base.device.name]
+    measured, results = _measured_fields(fits)
+    device = {
+        "name": ", ".join(names),
+        "memory_GiB": base.device.memory_GiB,
+        "memory_bandwidth_GBps": base.device.memory_bandwidth_GBps,
+        "framework_overhead_GiB": (base.device.framework_overhead_GiB if fits.memory is None
+                                   else fits.memory.framework_overhead_GiB.value),
+        "peak_TFLOPS": dict(base.device.peak_TFLOPS),
+    }
+    if fits.memory is not None:
+        device["memory_overhead_fraction"] = fits.memory.overhead_fraction.value
+    c, cf = base.compute, fits.compute
+    compute = {
+        "efficiency_by_flops": _curve(c.efficiency_by_flops if cf is None
+                                      else cf.efficiency_by_flops),
+        "overhead_us_per_unit": (c.overhead_us_per_unit if cf is None
+                                 else cf.overhead_us_per_unit.value),
+        "backward_flops_ratio": c.backward_flops_ratio,
+        "optimizer_GBps": _value(fits.optimizer_GBps, c.optimizer_GBps),
+        "jitter_cv": _value(fits.jitter_cv, c.jitter_cv),
+    }
+    if fits.overlap_slowdown is not None:
+        compute["overlap_slowdown"] = fits.overlap_slowdown.value
+    calibration: dict[str, Any] = {
+        "base": base.name,
+        "measured": measured,
+        "unmeasured": [f for f in MEASURABLE_FIELDS if f not in measured],
+    }
+    calibration.update(_errors(fits, info))
+    calibration["residuals"] = {r.parameter: {"value": r.value, "stderr": r.stderr,
+                                              "rms_rel": r.rms_rel, "max_rel": r.max_rel,
+                                              "points": r.points} for r in results}
+    return {
+        "name": name,
+        "description": description or f"{base.description} (measured on {info.host})",
+        "provenance": {
+            "source": "measured",
+            "note": (f"calibrated by perfmodel calibrate on {info.host} from {info.runs} runs; "
+                     f"unmeasured fields come from the '{base.name}' profile "
+                     f"({base.provenance.source})"),
+            "citations": [
+                "alpha-beta collective model, Thakur, Rabenseifner & Gropp, IJHPCA 2005; "
+                "least squares in relative error (calibration/fit.py)",
+                f"base profile '{base.name}': {base.provenance.note}",
+            ],
+            "date": date, "host": info.host, "versions": info.versions, "runs": info.runs,
+            "devices": names,
+        },
+        "device": device,
+        "compute": compute,
+        "topology": {"devices_per_node": base.devices_per_node},
+        "intra_node": _link(fits.intra_node, base.intra_node),
+        "inter_node": _link(fits.inter_node, base.inter_node),
+        "server": {"apply_GBps": _value(fits.server_apply_GBps, base.server.apply_GBps),
+                   "link": base.server.link},
+        "calibration": calibration,
+    }
+
+
+def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
+    measured: list[str] = []
+    results: list[FitResult] = []
+    for link in (fits.intra_node, fits.inter_node):
+        if link is not None:
+            measured += [f"{link.scope}.bandwidth_GBps", f"{link.scope}.latency_us",
+                         f"{link.scope}.efficiency_by_bytes"]
+            results += link.results
+    if fits.compute is not None:
+        measured += ["compute.efficiency_by_flops", "compute.overhead_us_per_unit"]
+        results += fits.compute.results
+    if fits.memory is not None:
+        measured += ["device.framework_overhead_GiB", "device.memory_overhead_fraction"]
+        results += fits.memory.results
+    for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
+              fits.server_apply_GBps):
+        if r is not None:
+            measured.append(r.parameter)
+            results.append(r)
+    return measured, results
+
+
+def _errors(fits: MeasuredFits, info: RunInfo) -> dict[str, float]:
+    """The relative errors calibration/uncertainty.py reads back, for what was measured."""
+    out = {}
+    links = [f for f in (fits.intra_node, fits.inter_node) if f is not None]
+    if links:
+        out["network_rms_rel"] = max(f.latency_us.rms_rel for f in links)
+    if fits.compute is not None:
+        out["compute_rms_rel"] = fits.compute.overhead_us_per_unit.rms_rel
+    if info.run_spread_cv is not None:
+        out["run_spread_cv"] = info.run_spread_cv
+    return out
+
+
+def _value(fit: FitResult | None, fallback: float) -> float:
+    return fallback if fit is None else fit.value
+
+
+def _curve(points) -> list[list[float]]:
+    return [[float(x), float(y)] for x, y in points]
+
+
+def _link(fit: LinkFit | None, base: Link) -> dict[str, Any]:
+    if fit is None:
+        return {"bandwidth_GBps": base.bandwidth_GBps, "latency_us": base.latency_us,
+                "efficiency_by_bytes": _curve(base.efficiency_by_bytes)}
+    return {"bandwidth_GBps": fit.bandwidth_GBps.value, "latency_us": fit.latency_us.value,
+            "efficiency_by_bytes": _curve(fit.efficiency_by_bytes)}
+
+
+# --- TOML text ----------------------------------------------------------------------------
+
+def to_toml(data: dict[str, Any], header: str = "") -> str:
+    """TOML text for nested dicts of str, int, float, bool and lists of those (or of lists)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    _emit_table(data, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _emit_table(table: dict[str, Any], path: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if path and (scalars or not tables):
+        lines += ["", "[" + ".".join(_key(p) for p in path) + "]"]
+    for key, value in scalars.items():
+        where = ".".join(path + [key])
+        if isinstance(value, (list, tuple)) and len(value) > 2 and \
+                all(isinstance(v, (list, tuple, str)) for v in value):
+            # a curve or a list of notes: one item per line
+            lines.append(f"{_key(key)} = [")
+            lines += [f"  {_value_text(v, where)}," for v in value]
+            lines.append("]")
+        else:
+            lines.append(f"{_key(key)} = {_value_text(value, where)}")
+    for key, sub in tables.items():
+        _emit_table(sub, path + [key], lines)
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
+
+
+def _value_text(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PerfmodelError(f"profile field '{where}' = {value!r} is not a finite number; "
+                                 f"the fit that produced it failed")
+        return repr(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value_text(v, where) for v in value) + "]"
+    raise PerfmodelError(f"profile field '{where}' has a value of type {type(value).__name__} "
+                         f"that a TOML profile cannot hold")
+
+
+def _string(s: str) -> str:
+    escapes = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+               "\r": "\\r"}
+    out = []
+    for ch in s:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+# --- atomic write -------------------------------------------------------------------------
+
+def write_profile(data: dict[str, Any], folder: Path | None = None, *,
+                  now: dt.datetime | None = None) -> WriteResult:
+    """Write `data` to <folder>/<name>.toml atomically, backing up a profile already there.
+
+    `folder` defaults to the user profile folder ($PERFMODEL_PROFILES). The text is checked
+    with parse_profile first, so a profile that perfmodel could not load is never written.
+    """
+    name = data.get("name")
+    if not isinstance(name, str) or not _PROFILE_NAME.fullmatch(name):
+        raise PerfmodelError(f"profile name {name!r} must be letters, digits, '_', '-' or '.' "
+                             f"(it becomes the file name)")
+    folder = Path(folder) if folder is not None else user_profile_dir()
+    target = folder / f"{name}.toml"
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
+    text = to_toml(data, header=f"Measured profile written by perfmodel calibrate ({stamp}).\n"
+                                "Delete this file to fall back to the shipped profile.")
+    parsed = tomllib.loads(text)
+    parse_profile(parsed, target)
+    if parsed != _as_lists(data):
+        raise PerfmodelError(f"{target}: the TOML text does not read back as written; "
+                             f"profile not written")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    except OSError as e:
+        raise PerfmodelError(f"cannot write a profile to {folder}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private (0600); a profile is ordinary data
+        if target.exists():
+            shutil.copymode(target, tmp)
+        else:
+            os.chmod(tmp, 0o644)
+        backup = _backup(target, stamp)
+        os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise PerfmodelError(f"cannot write {target}: {e.strerror or e}; the previous profile "
+                             f"is unchanged") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return WriteResult(path=target, backup=backup)
+
+
+def _backup(target: Path, stamp: str) -> Path | None:
+    """Copy an existing profile to <name>.toml.bak-<stamp>(-<n>); None if there is none."""
+    if not target.exists():
+        return None
+    backup = target.with_name(f"{target.name}.bak-{stamp}")
+    n = 1
+    while backup.exists():
+        n += 1
+        backup = target.with_name(f"{target.name}.bak-{stamp}-{n}")
+    shutil.copy2(target, backup)
+    return backup
+
+
+def _as_lists(value: Any) -> Any:
+    """`value` with tuples turned into lists and ints kept, as tomllib would return it."""
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    return value
