@@ -209,3 +209,35 @@ def test_ctrl_c_stops_every_rank_and_the_run_is_stored_failed(tmp_path):
     assert result["interrupted"] and result["status"] == "failed"
     assert result["reason"].startswith("interrupted")
     assert no_process_left(Path(result["run_dir"]))
+
+
+def test_oversubscription_is_recorded_in_the_run_config(tmp_path, monkeypatch):
+    import measure.launch as launch_module
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    seen = {}
+
+    def fake_supervise(run_dir, jobs, **kwargs):
+        seen.update(config=json.loads((run_dir / "config.json").read_text()), jobs=jobs,
+                    kwargs=kwargs)
+    monkeypatch.setattr(launch_module, "supervise", fake_supervise)
+    launch(selftest_config("ok"), 2, run_root=tmp_path, oversubscribe=True)
+    assert seen["config"]["oversubscribed"] is True and seen["kwargs"]["oversubscribed"]
+    env = seen["jobs"][0].env
+    assert env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_a_hung_peer_is_reported_through_the_timeout_it_caused(tmp_path):
+    """Rank 1 hangs; rank 0's receive times out (process-group timeout), torchrun then
+    SIGTERMs rank 1: the reason is rank 0's timeout, not rank 1's silence."""
+    (tmp_path / "torchrun.log").write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 2)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : 1 (pid: 1)\n")
+    (tmp_path / "rank0.jsonl").write_text(
+        json.dumps({"type": "start", "rank": 0}) + "\n"
+        + json.dumps({"type": "error", "rank": 0, "message": "RuntimeError: [unbound_buffer"
+                      ".cc:78] Timed out waiting 5000ms for recv operation to complete"}) + "\n")
+    (tmp_path / "rank1.jsonl").write_text(json.dumps({"type": "start", "rank": 1}) + "\n")
+    reason = failure_reason(tmp_path, [Job(command=[], env={})], [1])
+    assert reason.startswith("rank 0 failed: RuntimeError") and "Timed out waiting" in reason

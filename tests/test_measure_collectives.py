@@ -4,6 +4,7 @@ the link-rate cap (measure/netem.py) holding a 2-rank all-reduce to the capped r
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -123,3 +124,19 @@ def test_a_1_gbit_cap_holds_a_two_rank_all_reduce_to_the_cap(tmp_path):
                                text=True).stdout.split())
     assert not {ns for ns in after - before if ns.startswith("perfmodel-")}
     assert live_processes(result.run_dir) == []
+
+
+@pytest.mark.slow
+def test_measure_collectives_command_stores_the_run_and_prints_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))      # run directories go here
+    db = tmp_path / "m.sqlite"
+    result = CliRunner().invoke(cli, ["measure", "collectives", "--workers", "2", "--ops",
+                                      "all-reduce,send-recv", "--max-bytes", "1K",
+                                      "--factor", "4", "--iters", "2", "--db", str(db),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["status"] == "ok" and out["kind"] == "collectives"
+    assert [(c["op"], c["bytes"]) for c in out["collectives"]] == [
+        (op, s) for op in ("all-reduce", "send-recv") for s in (8, 32, 128, 512)]
+    assert [r.id for r in Store(db).list_runs(kind="collectives")] == [out["run_id"]]

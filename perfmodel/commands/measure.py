@@ -59,6 +59,9 @@ def command() -> None:
     $PERFMODEL_DB, else ~/.local/share/perfmodel/measurements.sqlite); `perfmodel runs` lists
     them. A run that fails or is interrupted is stored too, marked failed with the reason.
 
+    Several nodes: run the same command on every node with --nnodes, --node-rank,
+    --rdzv-endpoint (and --nproc-per-node); each node stores the records of its own ranks.
+
     \b
     Examples:
       perfmodel measure collectives --workers 2 --max-bytes 16M

@@ -1,0 +1,148 @@
+"""Collective sweeps in the style of nccl-tests: time each collective over a range of sizes.
+
+For every op and size: `warmup_iters` untimed calls, a barrier, `iters` back-to-back timed
+calls (the device synchronised at the end), the mean time per call on each rank, and the
+slowest rank's mean (an all-reduce MAX) as the time t. As nccl-tests (doc/PERFORMANCE.md):
+S is the total size (all-reduce: the buffer; all-gather: the gathered output; reduce-scatter:
+the input; broadcast and send/recv: the buffer), algbw = S / t and busbw = algbw x factor,
+the factor from `perfmodel.sim.collectives.busbw_factor` (2(n-1)/n for all-reduce, (n-1)/n
+for all-gather and reduce-scatter, 1 for broadcast and send/recv). send/recv pairs ranks
+2k and 2k+1, each sending S bytes to and receiving S bytes from its partner at once; an
+unpaired last rank sits out. Rank 0 writes one "collective" record per op and size.
+
+config keys (None or absent = the default for the device): ops, min_bytes, max_bytes,
+factor, iters, warmup_iters, dtype.
+"""
+
+from __future__ import annotations
+
+import time
+
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import busbw_factor
+
+OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv")
+REDUCING = ("all-reduce", "reduce-scatter")          # nccl-tests' redop column: sum
+SHARDED = ("all-gather", "reduce-scatter")           # S must split evenly across ranks
+# Defaults: nccl-tests' usual 8 B .. 256 MiB x2 on GPUs; on CPU (gloo over loopback at about
+# 1 GB/s) up to 64 MiB with fewer iterations, so a 2-rank sweep takes seconds.
+DEFAULTS = {
+    "cuda": {"min_bytes": 8, "max_bytes": 256 * 2**20, "factor": 2, "iters": 20,
+             "warmup_iters": 5},
+    "cpu": {"min_bytes": 8, "max_bytes": 64 * 2**20, "factor": 2, "iters": 10,
+            "warmup_iters": 2},
+}
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8")
+
+
+def settings(config: dict, device: str) -> dict:
+    """The sweep's parameters: config values where given, else the device's defaults."""
+    base = DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]
+    out = {k: int(config[k]) if config.get(k) is not None else v for k, v in base.items()}
+    out["ops"] = list(config.get("ops") or OPS)
+    out["dtype"] = config.get("dtype") or "float32"
+    check_settings(out)
+    return out
+
+
+def check_settings(s: dict) -> None:
+    unknown = [op for op in s["ops"] if op not in OPS]
+    if unknown:
+        raise PerfmodelError(f"unknown collective '{unknown[0]}'; choose from: {', '.join(OPS)}")
+    if s["dtype"] not in DTYPES:
+        raise PerfmodelError(f"unknown dtype '{s['dtype']}'; choose from: {', '.join(DTYPES)}")
+    if not 1 <= s["min_bytes"] <= s["max_bytes"]:
+        raise PerfmodelError(f"need 1 <= min bytes ({s['min_bytes']}) <= max bytes "
+                             f"({s['max_bytes']})")
+    if s["factor"] < 2:
+        raise PerfmodelError(f"the size factor must be an integer >= 2, got {s['factor']}")
+    if s["iters"] < 1 or s["warmup_iters"] < 0:
+        raise PerfmodelError("need at least 1 timed iteration and >= 0 warm-up iterations")
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min_bytes, min_bytes x factor, ... up to max_bytes, as nccl-tests' -b -e -f."""
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def op_sizes(op: str, sizes: list[int], elem_bytes: int, ranks: int) -> list[int]:
+    """The sizes an op can run: whole elements, and for sharded ops a multiple of
+    elements x ranks (nccl-tests rounds the same way); sizes that round alike run once."""
+    unit = elem_bytes * (ranks if op in SHARDED else 1)
+    out: list[int] = []
+    for s in sizes:
+        s = max(unit, s // unit * unit)
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def run(ctx) -> None:
+    import torch
+    import torch.distributed as dist
+
+    s = settings(ctx.config, ctx.device)
+    dtype = getattr(torch, s["dtype"])
+    elem = torch.empty((), dtype=dtype).element_size()
+    n, rank = ctx.world_size, ctx.rank
+    sync = torch.cuda.synchronize if ctx.device.startswith("cuda") else (lambda: None)
+    sizes = message_sizes(s["min_bytes"], s["max_bytes"], s["factor"])
+    for op in s["ops"]:
+        if op == "send-recv" and n < 2:
+            continue
+        for size in op_sizes(op, sizes, elem, n):
+            call = _make_call(op, size // elem, dtype, ctx.device, rank, n, torch, dist)
+            for _ in range(s["warmup_iters"]):
+                call()
+            sync()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(s["iters"]):
+                call()
+            sync()
+            mine = torch.tensor([(time.perf_counter() - t0) / s["iters"]], dtype=torch.float64,
+                                device=ctx.device)
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)     # the slowest rank's time
+            if rank == 0:
+                time_s = mine.item()
+                factor = busbw_factor(op, n)
+                algbw = size / time_s / 1e9
+                ctx.recorder.write("collective", op=op, bytes=size, count=size // elem,
+                                   dtype=s["dtype"], time_s=time_s, algbw_GBps=algbw,
+                                   busbw_GBps=algbw * factor, busbw_factor=factor)
+            del call
+
+
+def _make_call(op: str, count: int, dtype, device: str, rank: int, n: int, torch, dist):
+    """A no-argument function doing one `op` on `count` elements in total (S)."""
+    def buf(k: int):
+        return torch.zeros(k, dtype=dtype, device=device)
+
+    if op == "all-reduce":
+        x = buf(count)
+        return lambda: dist.all_reduce(x)
+    if op == "all-gather":
+        out, x = buf(count), buf(count // n)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(out, x)
+    if op == "reduce-scatter":
+        out, x = buf(count // n), buf(count)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, x)
+    if op == "broadcast":
+        x = buf(count)
+        return lambda: dist.broadcast(x, src=0)
+    partner = rank ^ 1
+    if partner >= n:
+        return lambda: None
+    send, recv = buf(count), buf(count)
+
+    def exchange():
+        reqs = [dist.isend(send, partner), dist.irecv(recv, partner)]
+        for r in reqs:
+            r.wait()
+    return exchange
