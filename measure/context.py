@@ -18,4 +18,5 @@ class RunContext:
     device: str                 # "cpu" or "cuda:<local_rank>"
     run_dir: Path
     recorder: Recorder
-    config: dict[str, Any]      # the run's configuration (config.json), as stored in the runs table
+    config: dict[str, Any]      # the run's configuration (config.json), as stored in the runs
+                                # table; strategy options nested by kind: options["ps"]["mode"]

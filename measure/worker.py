@@ -45,8 +45,11 @@ def main(argv: list[str]) -> int:
         dist.init_process_group(backend, timeout=timeout)
         ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend,
                          device=device, run_dir=run_dir, recorder=recorder, config=config)
+        backend_version = (".".join(map(str, torch.cuda.nccl.version()))
+                           if backend == "nccl" else None)
         recorder.write("start", backend=backend, device=device, world_size=world,
-                       torch_version=torch.__version__, host=os.uname().nodename)
+                       torch_version=torch.__version__, backend_version=backend_version,
+                       host=os.uname().nodename)
         importlib.import_module(f"measure.runs.{config['kind']}").run(ctx)
         recorder.write("done")
         return 0
