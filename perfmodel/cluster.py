@@ -62,6 +62,7 @@ class Device:
     memory_bandwidth_GBps: float
     peak_TFLOPS: dict[str, float]       # per precision key: fp32, tf32, bf16, fp16
     framework_overhead_GiB: float       # CUDA context, allocator reserve, library workspaces
+    memory_overhead_fraction: float = 0.0   # measured excess over the analytic memory parts
 
     @property
     def memory_bytes(self) -> float:
@@ -77,6 +78,7 @@ class Compute:
     backward_flops_ratio: float          # backward FLOPs / forward FLOPs (2 for dense layers)
     optimizer_GBps: float                # bytes of optimizer state+params touched per second
     jitter_cv: float                     # coefficient of variation of a step's compute time
+    overlap_slowdown: float = 1.0        # compute stretch while communication overlaps it
 
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
@@ -169,6 +171,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             memory_bandwidth_GBps=dev.number("memory_bandwidth_GBps", positive=True),
             peak_TFLOPS=peak,
             framework_overhead_GiB=dev.number("framework_overhead_GiB"),
+            memory_overhead_fraction=dev.number("memory_overhead_fraction", 0.0, minimum=-0.9),
         ),
         devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
         intra_node=_link(f.table("intra_node")),
@@ -179,6 +182,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             backward_flops_ratio=comp.number("backward_flops_ratio", positive=True),
             optimizer_GBps=comp.number("optimizer_GBps", positive=True),
             jitter_cv=comp.number("jitter_cv"),
+            overlap_slowdown=comp.number("overlap_slowdown", 1.0, positive=True),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,

@@ -34,7 +34,7 @@ grad-op 70/54 vs 66/54 at 4/8 ranks, but 166 vs 144 at 1 rank (see fsdp_memory).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.scenario import Scenario
@@ -52,11 +52,13 @@ class MemoryBreakdown:
     comm_buffers_bytes: float       # DDP buckets, FSDP unsharded units, PS copies
     framework_bytes: float          # CUDA context, allocator reserve
     capacity_bytes: float
+    overhead_bytes: float = 0.0     # measured excess over the analytic parts (calibration)
 
     @property
     def peak_bytes(self) -> float:
         return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.comm_buffers_bytes + self.framework_bytes)
+                + self.activations_bytes + self.comm_buffers_bytes + self.framework_bytes
+                + self.overhead_bytes)
 
     @property
     def oom(self) -> bool:
@@ -66,6 +68,13 @@ class MemoryBreakdown:
     def model_state_bytes(self) -> float:
         """Params + grads + optimizer (with master weights): ZeRO's (2 + 2 + K)Ψ, or its share."""
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def _with_overhead(m: MemoryBreakdown, scenario: Scenario) -> MemoryBreakdown:
+    """Add the calibrated overhead: device.memory_overhead_fraction x the analytic parts
+    (allocator rounding and caching, temporaries; 0 in spec-derived profiles)."""
+    fraction = scenario.cluster.device.memory_overhead_fraction
+    return replace(m, overhead_bytes=fraction * (m.peak_bytes - m.framework_bytes))
 
 
 def _common(scenario: Scenario) -> dict[str, float]:
@@ -101,13 +110,13 @@ def ddp_memory(scenario: Scenario, bucket_cap_MiB: float,
                              "1 MiB first bucket)")
     w = scenario.workload
     p = w.precision_spec
-    return MemoryBreakdown(
+    return _with_overhead(MemoryBreakdown(
         params_bytes=w.params * p.param_bytes,
         grads_bytes=w.params * p.grad_bytes,
         optimizer_bytes=w.params * _optimizer_bytes_per_param(scenario),
         comm_buffers_bytes=w.params * p.grad_bytes,
         **_common(scenario),
-    )
+    ), scenario)
 
 
 def _largest_window(unit_params: list[int], window: int) -> int:
@@ -152,14 +161,14 @@ def fsdp_memory(scenario: Scenario, variant: str, prefetch: int) -> MemoryBreakd
         unsharded_params = _largest_window(unit_params, 1 + prefetch)
     else:
         unsharded_params = w.params
-    return MemoryBreakdown(
+    return _with_overhead(MemoryBreakdown(
         params_bytes=w.params * p.param_bytes / n,
         grads_bytes=w.params * p.grad_bytes / n,
         optimizer_bytes=w.params * _optimizer_bytes_per_param(scenario) / n,
         comm_buffers_bytes=(unsharded_params * p.param_bytes
                             + max(unit_params) * p.grad_bytes),
         **_common(scenario),
-    )
+    ), scenario)
 
 
 def ps_memory(scenario: Scenario, servers: int) -> dict[str, MemoryBreakdown]:
@@ -199,4 +208,4 @@ def ps_memory(scenario: Scenario, servers: int) -> dict[str, MemoryBreakdown]:
         framework_bytes=common["framework_bytes"],
         capacity_bytes=common["capacity_bytes"],
     )
-    return {"worker": worker, "server": server}
+    return {"worker": _with_overhead(worker, scenario), "server": _with_overhead(server, scenario)}

@@ -228,3 +228,23 @@ def test_framework_overhead_and_capacity_come_from_the_profile():
 def test_bad_options_raise_a_user_error(call):
     with pytest.raises(PerfmodelError):
         call(scenario(make_workload()))
+
+
+def test_calibrated_overhead_fraction_adds_to_the_analytic_parts():
+    # calibration/fit_memory.py: measured = framework + (1 + fraction) x analytic parts.
+    import dataclasses
+
+    from factories import make_cluster, make_workload
+
+    from perfmodel.memory import ddp_memory
+    from perfmodel.sim.scenario import Scenario
+
+    base = make_cluster("a100")
+    tuned = dataclasses.replace(base, device=dataclasses.replace(
+        base.device, memory_overhead_fraction=0.1))
+    w = make_workload()
+    plain = ddp_memory(Scenario(cluster=base, workload=w, workers=2, batch_size=8), 25, 1)
+    more = ddp_memory(Scenario(cluster=tuned, workload=w, workers=2, batch_size=8), 25, 1)
+    analytic = plain.peak_bytes - plain.framework_bytes
+    assert plain.overhead_bytes == 0
+    assert more.peak_bytes == pytest.approx(plain.peak_bytes + 0.1 * analytic, rel=1e-12)

@@ -182,3 +182,22 @@ def test_absurdly_small_bucket_cap_is_a_perfmodel_error():
     wl = make_workload(units=4, params_per_unit=10_000_000)
     with pytest.raises(PerfmodelError):
         gradient_buckets(wl, np.ones(4), 1e-4, 1.0)
+
+
+def test_overlap_slowdown_stretches_backward_only_when_communicating():
+    # compute.overlap_slowdown (calibration/fit_compute.py): backward shares the device with
+    # all-reduce kernels in DDP; with one worker nothing overlaps.
+    import dataclasses
+
+    base = make_cluster("a100")
+    slowed = dataclasses.replace(base, compute=dataclasses.replace(base.compute,
+                                                                   overlap_slowdown=1.5))
+    w = make_workload(units=4, flops_per_sample=1e10)
+
+    def compute_s(cluster, workers):
+        sc = Scenario(cluster=cluster, workload=w, workers=workers, batch_size=8,
+                      jitter="none", steps=4)
+        return DDP().simulate(sc).steps[-1].compute_s
+
+    assert compute_s(slowed, 1) == pytest.approx(compute_s(base, 1))
+    assert compute_s(slowed, 4) > 1.2 * compute_s(base, 4)

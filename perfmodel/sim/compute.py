@@ -38,18 +38,25 @@ def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str) -> f
 
 
 def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
-               optimizer_param_fraction: float = 1.0) -> UnitTimes:
+               optimizer_param_fraction: float = 1.0,
+               overlapped: tuple[str, ...] = ()) -> UnitTimes:
     """Per-unit forward and backward seconds for `batch_size` samples on one device.
 
     `optimizer_param_fraction` is the share of parameters this worker updates
     (1 for DDP, 1/N for FSDP, 0 for a PS worker whose server applies the update).
+    Passes named in `overlapped` ("forward", "backward") run while communication is in
+    flight and are stretched by the profile's calibrated `compute.overlap_slowdown`.
     """
     key = workload.precision_spec.compute_key
     ratio = cluster.compute.backward_flops_ratio
-    fwd = np.array([pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key)
-                    for u in workload.units])
-    bwd = np.array([pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key)
-                    for u in workload.units])
+    stretch = {p: cluster.compute.overlap_slowdown if p in overlapped else 1.0
+               for p in ("forward", "backward")}
+    fwd = stretch["forward"] * np.array(
+        [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key)
+         for u in workload.units])
+    bwd = stretch["backward"] * np.array(
+        [pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key)
+         for u in workload.units])
     opt_bytes = workload.model_state_bytes_per_param * workload.params * optimizer_param_fraction
     return UnitTimes(fwd, bwd, opt_bytes / (cluster.compute.optimizer_GBps * 1e9))
 

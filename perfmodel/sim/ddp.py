@@ -132,7 +132,8 @@ class DDP:
 
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
-        times = unit_times(cluster, scenario.workload, scenario.batch_size)
+        times = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           overlapped=("backward",) if n > 1 else ())
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         buckets = gradient_buckets(scenario.workload, times.backward_s,
                                    self.options.bucket_cap_MiB, self.options.first_bucket_MiB)

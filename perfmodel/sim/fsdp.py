@@ -107,7 +107,8 @@ class FSDP:
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
         units = len(wl.units)
-        times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n)
+        times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
+                           overlapped=("forward", "backward") if n > 1 else ())
         param_bytes = [u.params * wl.precision_spec.param_bytes for u in wl.units]
         grad_bytes = [u.params * wl.precision_spec.grad_bytes for u in wl.units]
         gather_s = [allgather_s(cluster, n, b) for b in param_bytes]
