@@ -96,7 +96,8 @@ def plot(rows: list[SweepRow], path: Path, title: str) -> None:
         ax.grid(True, alpha=0.3)
     ax1.set_yscale("log")
     ax1.legend()
-    ax3.set_title("x = out of memory", fontsize=9)
+    if any(r.oom for r in rows):
+        ax3.set_title("x = out of memory", fontsize=9)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
