@@ -138,9 +138,6 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
     p = workers
     if p == 1:
         return 0.0
-    if algorithm == "auto":  # NCCL's tuner picks the fastest predicted algorithm per size
-        return min(allreduce_s(cluster, p, nbytes, "ring"), allreduce_s(cluster, p, nbytes,
-                                                                          "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
     if algorithm == "ring":
