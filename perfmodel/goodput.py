@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.uncertainty import PredictionInterval, prediction_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, summarise
 from perfmodel.sim.elastic import (
@@ -48,6 +49,10 @@ SCHEDULING_OF = {"ddp": "gang", "fsdp": "gang", "async-ps": "async", "ssp-ps": "
                  "sync-ps": "sync"}
 SERIES_BINS = 200               # points of the throughput-over-time series
 DOWN_STATES = ("detecting", "restarting")
+# Relative spread of one restart on a shared machine: process start, torch import, data load.
+# Restarts seen here on 2 loaded cores: 13.5 and 14.6 s in one run; DESIGN.md sees ±15–20 %
+# between runs for step times. log-normal, so the 90 % interval is x/÷ exp(1.645 x 0.25).
+RECOVERY_SPREAD_CV = 0.25
 _EVENT = re.compile(r"^\s*(\w+)\s*:\s*(\d+)\s*@\s*([0-9.eE+-]+)\s*([smh]?)\s*$")
 _SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -339,3 +344,52 @@ def goodput_by_interval(prediction: Prediction, config: ElasticConfig,
     return [(c, predict_elasticity(prediction, replace(config, checkpoint_interval_s=c),
                                    rates).summary.goodput_samples_per_s)
             for c in intervals_s]
+
+
+# ---------------------------------------------------------------- one recovery, for checks
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoveryPrediction:
+    down_s: float               # detection + restart
+    lost_work_s: float          # training time whose work was thrown away
+    recovery_s: float           # failure -> the progress at the failure regained
+    interval: PredictionInterval    # around recovery_s
+
+
+def predict_recovery(*, step_s: float, checkpoint_every_steps: int, checkpoint_write_s: float,
+                     detection_s: float, restart_s: float, failure_at_step: int,
+                     spread_cv: float = RECOVERY_SPREAD_CV,
+                     coverage: float = 0.9) -> RecoveryPrediction:
+    """A gang job that fails once, during step `failure_at_step` (half-way through it),
+    checkpointing every `checkpoint_every_steps` steps: the membership model's recovery time
+    (detection + restart + redoing the lost work, with any checkpoint writes on the way) and
+    a log-normal interval of relative spread `spread_cv` around it."""
+    if not (step_s > 0 and checkpoint_every_steps >= 1 and failure_at_step >= 0):
+        raise PerfmodelError("a recovery needs a positive step time, a checkpoint interval of "
+                             "at least one step and a failure at step >= 0")
+    every = checkpoint_every_steps
+    t_fail = (failure_at_step + 0.5) * step_s + (failure_at_step // every) * checkpoint_write_s
+    cycle_s = every * step_s + checkpoint_write_s
+    config = ElasticConfig(run_s=2 * t_fail + detection_s + restart_s + 2 * cycle_s,
+                           events=(MembershipEvent("fail", 0, t_fail),
+                                   MembershipEvent("join", 0, t_fail)),   # the same node
+                           checkpoint_interval_s=every * step_s,
+                           checkpoint_write_s=checkpoint_write_s, detection_s=detection_s,
+                           restart_s=restart_s)
+    job = Job(scheduling="gang", workers=1, batch_size=1)
+    result = simulate(job, config, config.events, lambda members: Rate(1.0 / step_s, step_s))
+    lost = result.losses[0] if result.losses else None
+    deficit = lost.samples if lost is not None else 0.0
+    regained = t_fail + detection_s + restart_s
+    for seg in (s for s in result.segments if s.start_s >= t_fail and s.samples_per_s > 0):
+        if deficit <= seg.samples_per_s * seg.duration_s:
+            regained = seg.start_s + deficit / seg.samples_per_s
+            break
+        deficit -= seg.samples_per_s * seg.duration_s
+    recovery_s = regained - t_fail
+    return RecoveryPrediction(
+        down_s=sum(s.duration_s for s in result.segments if s.state in DOWN_STATES),
+        lost_work_s=lost.seconds if lost is not None else 0.0, recovery_s=recovery_s,
+        interval=prediction_interval(recovery_s, network_rms_rel=0.0, compute_rms_rel=0.0,
+                                     run_spread_cv=spread_cv, coverage=coverage))
