@@ -33,6 +33,10 @@ from calibration.uncertainty import PredictionInterval, prediction_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, summarise
 from perfmodel.sim.elastic import (
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    DEFAULT_CHECKPOINT_WRITE_S,
+    DEFAULT_DETECTION_S,
+    DEFAULT_RESTART_S,
     EVENT_KINDS,
     ElasticConfig,
     ElasticResult,
@@ -100,6 +104,40 @@ def events_from(spec: str) -> tuple[MembershipEvent, ...]:
     if spec.strip().endswith(".toml"):
         return load_events(Path(spec.strip()))
     return parse_events(spec)
+
+
+def elastic_config(*, events: str | None = None, failure_rate_per_hour: float | None = None,
+                   replace_after_s: float | None = 0.0, run_hours: float | None = None,
+                   checkpoint_interval_s: float | None = None,
+                   checkpoint_write_s: float | None = None, detection_s: float | None = None,
+                   restart_s: float | None = None, min_workers: int | None = None,
+                   sync_ps_on_departure: str | None = None, seed: int = 0
+                   ) -> ElasticConfig | None:
+    """The command line's elasticity options as a config; None when none was given (then
+    `perfmodel predict` does no elasticity work at all). The run lasts `run_hours`, by
+    default 24 h with a failure rate, else twice the last event's time but at least 1 h."""
+    given = {k: v for k, v in locals().items() if k not in ("seed", "replace_after_s")
+             and v is not None}
+    if not given:
+        return None
+    schedule = events_from(events) if events is not None else ()
+    if run_hours is not None:
+        run_s = run_hours * 3600.0
+    elif failure_rate_per_hour:
+        run_s = 24 * 3600.0
+    else:
+        run_s = max(3600.0, 2 * max((e.time_s for e in schedule), default=0.0))
+    return ElasticConfig(
+        run_s=run_s, events=schedule, failure_rate_per_hour=failure_rate_per_hour or 0.0,
+        replace_after_s=replace_after_s, seed=seed,
+        detection_s=DEFAULT_DETECTION_S if detection_s is None else detection_s,
+        restart_s=DEFAULT_RESTART_S if restart_s is None else restart_s,
+        checkpoint_interval_s=(DEFAULT_CHECKPOINT_INTERVAL_S if checkpoint_interval_s is None
+                               else checkpoint_interval_s),
+        checkpoint_write_s=(DEFAULT_CHECKPOINT_WRITE_S if checkpoint_write_s is None
+                            else checkpoint_write_s),
+        min_workers=1 if min_workers is None else min_workers,
+        sync_on_departure=sync_ps_on_departure or "drop")
 
 
 def check_events(events: tuple[MembershipEvent, ...], workers: int
@@ -307,6 +345,37 @@ class Elasticity:
                 "young": young_interval_s(cfg.checkpoint_write_s, job_rate_per_s),
                 "daly": daly_interval_s(cfg.checkpoint_write_s, job_rate_per_s)}
         return out
+
+
+def render_elasticity(e: Elasticity) -> str:
+    """Lines for `perfmodel predict`'s table."""
+    s, cfg = e.summary, e.config
+    what = (f"{len(cfg.events)} scheduled events" if cfg.events else
+            f"{cfg.failure_rate_per_hour:g} failures/worker/hour (seed {cfg.seed}), "
+            f"{s.failures} failures")
+    states = ", ".join(f"{k} {v:,.0f} s" for k, v in s.time_by_state_s.items()
+                       if k != "training")
+    lines = [
+        f"  elasticity       {e.job.scheduling}, {what} in {s.run_s / 3600:,.2f} h",
+        f"  goodput          {s.goodput_samples_per_s:,.1f} samples/s "
+        f"({s.goodput_samples_per_s / s.throughput_samples_per_s:.1%} of the throughput)"
+        if s.throughput_samples_per_s > 0 else "  goodput          0",
+        f"  lost             {s.time_lost_to_restarts_s:,.1f} s to restarts, "
+        f"{s.lost_work_s:,.1f} s of work ({s.lost_samples:,.0f} samples), "
+        f"{s.restarts} restarts" + (f"; {states}" if states else ""),
+    ]
+    best = e.to_json().get("optimal_checkpoint_interval_s")
+    if best:
+        lines.append(f"  checkpoint       every {cfg.checkpoint_interval_s:,.0f} s; "
+                     f"goodput-optimal ≈ {best['daly']:,.0f} s (Daly), "
+                     f"{best['young']:,.0f} s (Young)")
+    xs = np.array(s.series_samples_per_s)
+    if xs.size and xs.max() > 0:
+        blocks = " ▁▂▃▄▅▆▇█"
+        cols = np.array_split(xs, min(60, xs.size))
+        spark = "".join(blocks[int(round(c.mean() / xs.max() * 8))] for c in cols)
+        lines.append(f"  over time        {spark}")
+    return "\n".join(lines)
 
 
 def full_rate(prediction: Prediction) -> Rate:

@@ -31,9 +31,11 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.goodput import (
     check_events,
     daly_interval_s,
+    elastic_config,
     goodput_by_interval,
     parse_events,
     predict_elasticity,
+    render_elasticity,
     sample_failures,
     summarise_elastic,
     young_interval_s,
@@ -284,3 +286,25 @@ def test_min_workers_above_the_pool_is_refused():
     p = predict("ddp", small_scenario(2))
     with pytest.raises(PerfmodelError, match="min_workers 3 exceeds"):
         predict_elasticity(p, ElasticConfig(run_s=100.0, min_workers=3))
+
+
+# ---------------------------------------------------------------- the command line's view
+
+
+def test_no_elasticity_option_means_no_elasticity_work():
+    assert elastic_config(seed=3) is None
+
+
+def test_command_line_options_become_a_config_and_a_table():
+    cfg = elastic_config(events="fail:1@2m,join:1@10m", checkpoint_interval_s=300.0,
+                         restart_s=30.0)
+    assert cfg.events[0] == MembershipEvent("fail", 1, 120.0)
+    assert cfg.run_s == 3600.0          # at least an hour, and twice the last event
+    assert (cfg.checkpoint_interval_s, cfg.restart_s) == (300.0, 30.0)
+    rate = elastic_config(failure_rate_per_hour=0.1, seed=5)
+    assert (rate.run_s, rate.seed, rate.events) == (24 * 3600.0, 5, ())
+    e = predict_elasticity(predict("ddp", small_scenario()), cfg)
+    text = render_elasticity(e)
+    assert "goodput" in text and "2 restarts" in text     # the failure and the rejoin
+    doc = e.to_json()
+    assert doc["restarts"] == 2 and len(doc["throughput_series"]["t_s"]) == 200
