@@ -207,6 +207,22 @@ def checkpoint_write_s(records: list[dict], attempt: int | None = None) -> list[
             and (attempt is None or r.get("attempt") == attempt)]
 
 
+def measured_costs(records: list[dict]) -> dict[str, float]:
+    """Medians of what the run's recoveries cost, in the names of the model's parameters
+    (perfmodel.sim.elastic.ElasticConfig): for calibration. `records` are a run's records,
+    e.g. the JSON of its "elastic" rows in the store's other_records."""
+    def median(values: list[float]) -> float | None:
+        values = sorted(v for v in values if v is not None)
+        return values[len(values) // 2] if values else None
+
+    found = [r for r in records if r.get("type") == "elastic" and r.get("event") == "recovery"]
+    costs = {"detection_s": median([r["detection_s"] for r in found]),
+             "restart_s": median([r["restart_s"] for r in found]),
+             "checkpoint_write_s": median(checkpoint_write_s(records)),
+             "lost_steps": median([r["lost_steps"] for r in found])}
+    return {k: v for k, v in costs.items() if v is not None}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FirstStart:
     """What the first attempt shows before any failure: the inputs of a recovery forecast."""

@@ -18,6 +18,7 @@ The slow tests start real torchrun jobs of 2-4 gloo processes (one of them idle 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -27,6 +28,7 @@ from measure.elastic_launch import (
     Killer,
     elastic_command,
     first_start,
+    measured_costs,
     parse_kills,
     recoveries,
 )
@@ -91,6 +93,16 @@ def test_recovery_is_derived_from_the_records():
     assert rec.rendezvous_s == pytest.approx(1.8)
     assert rec.restart_s == pytest.approx(5.8)
     assert rec.recovery_s == pytest.approx(16.5 - 10.0)     # step 14 of attempt 1 ends
+
+
+def test_recovery_records_give_the_model_its_parameters():
+    records = synthetic_records()
+    found = recoveries(records, [{"attempt": 0, "rank": 1, "time": 10.0}])
+    records += [{"type": "elastic", "event": "recovery", **dataclasses.asdict(r)}
+                for r in found]
+    costs = measured_costs(records)
+    assert costs == pytest.approx({"detection_s": 0.2, "restart_s": 5.8,
+                                   "checkpoint_write_s": 0.05, "lost_steps": 5})
 
 
 def test_killer_kills_the_scheduled_rank_once_it_reaches_the_step(tmp_path, monkeypatch):

@@ -94,36 +94,36 @@ class ElasticConfig:
     join_s: float | None = None             # PS joiner's parameter pull; None = from the link
 
     def __post_init__(self):
-        def bad(what: str) -> PerfmodelError:
-            return PerfmodelError(what)
-
         if not (self.run_s > 0 and math.isfinite(self.run_s)):
-            raise bad(f"the run length must be a positive number of seconds, got {self.run_s}")
+            raise PerfmodelError(f"the run length must be a positive number of seconds, "
+                                 f"got {self.run_s}")
         if not self.checkpoint_interval_s > 0:
-            raise bad(f"the checkpoint interval must be positive, got "
+            raise PerfmodelError(f"the checkpoint interval must be positive, got "
                       f"{self.checkpoint_interval_s:g} s")
         for name in ("detection_s", "restart_s", "checkpoint_write_s", "failure_rate_per_hour"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
-                raise bad(f"{name} must be a finite number >= 0, got {value}")
+                raise PerfmodelError(f"{name} must be a finite number >= 0, got {value}")
         for name in ("replace_after_s", "join_s"):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
-                raise bad(f"{name} must be a finite number >= 0, got {value}")
+                raise PerfmodelError(f"{name} must be a finite number >= 0, got {value}")
         if isinstance(self.min_workers, bool) or not isinstance(self.min_workers, int) \
                 or self.min_workers < 1:
-            raise bad(f"min_workers must be a whole number >= 1, got {self.min_workers!r}")
+            raise PerfmodelError(f"min_workers must be a whole number >= 1, "
+                                 f"got {self.min_workers!r}")
         if self.sync_on_departure not in SYNC_ON_DEPARTURE:
-            raise bad(f"sync_on_departure must be 'drop' or 'wait', got "
+            raise PerfmodelError(f"sync_on_departure must be 'drop' or 'wait', got "
                       f"'{self.sync_on_departure}'")
         if self.events and self.failure_rate_per_hour > 0:
-            raise bad("give either an event schedule or a failure rate, not both")
+            raise PerfmodelError("give either an event schedule or a failure rate, not both")
         for e in self.events:
             if e.kind not in EVENT_KINDS:
-                raise bad(f"unknown membership event '{e.kind}'; choose from "
+                raise PerfmodelError(f"unknown membership event '{e.kind}'; choose from "
                           f"{', '.join(EVENT_KINDS)}")
             if not 0 <= e.time_s < self.run_s:
-                raise bad(f"event {e} lies outside the run, which lasts {self.run_s:g} s")
+                raise PerfmodelError(f"event {e} lies outside the run, which lasts "
+                                     f"{self.run_s:g} s")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
