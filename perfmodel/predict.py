@@ -3,6 +3,12 @@
 Summaries are derived from the frozen records (perfmodel/sim/records.py) over the steady
 window: every worker's warm-up steps are left out, and throughput counts the steps that end
 between the moment all workers have warmed up and the moment the first worker finishes.
+
+A measured profile also gives an interval around the mean step time, from its calibration
+residuals and run-to-run spread (calibration/uncertainty.py; log-normal, 90 % by default),
+with the compute share c = compute_s / step and the rest, 1 − c, charged to the network
+model (communication, waiting and the server's apply all come from measured rates). A
+spec-derived profile has no residuals: its predictions carry no interval, and say so.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from calibration.uncertainty import PredictionInterval, calibration_errors, prediction_interval
+from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
+from perfmodel.tomlfile import load_toml
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +108,8 @@ class Prediction:
     memory: dict[str, MemoryBreakdown]
     result: SimResult
     wall_s: float                              # host seconds spent simulating
+    interval: PredictionInterval | None = None  # around the mean step time (measured profiles)
+    interval_source: str = ""                  # where the interval comes from, or why none
 
     @property
     def speedup(self) -> float:
@@ -118,6 +129,11 @@ class Prediction:
             "throughput_samples_per_s": s.throughput_samples_per_s,
             "step_time_s": {"mean": s.step_time_s.mean, "p50": s.step_time_s.p50,
                             "p95": s.step_time_s.p95},
+            "step_time_interval_s": None if self.interval is None else {
+                "low": self.interval.low_s, "high": self.interval.high_s,
+                "coverage": self.interval.coverage, "source": self.interval_source},
+            "step_time_interval_reason": (None if self.interval is not None
+                                          else self.interval_source),
             "breakdown": {"compute_s": s.compute_s, "comm_exposed_s": s.comm_exposed_s,
                           "wait_s": s.wait_s},
             "speedup_vs_1_worker": self.speedup,
@@ -152,8 +168,41 @@ def predict(strategy: str, scenario: Scenario, **options: Any) -> Prediction:
     start = time.perf_counter()
     result = model.simulate(scenario)
     wall = time.perf_counter() - start
+    summary = summarise(result, scenario)
+    interval, source = step_time_interval(scenario, summary)
     return Prediction(
         strategy=strategy, options=asdict(model.options), scenario=scenario,
-        summary=summarise(result, scenario),
+        summary=summary,
         baseline_throughput_samples_per_s=baseline_throughput(scenario),
-        memory=memory, result=result, wall_s=wall)
+        memory=memory, result=result, wall_s=wall, interval=interval, interval_source=source)
+
+
+def step_time_interval(scenario: Scenario, summary: Summary
+                       ) -> tuple[PredictionInterval | None, str]:
+    """(interval around the mean step time, where it comes from), or (None, why there is none)."""
+    cluster = scenario.cluster
+    if cluster.provenance.source != "measured":
+        return None, (f"'{cluster.name}' is a spec-derived profile: nothing was measured, so "
+                      f"there is no interval; calibrate it on the cluster with `perfmodel "
+                      f"calibrate --cluster {cluster.name}`")
+    if not cluster.path.is_file():
+        return None, f"the measured profile's file {cluster.path} is gone"
+    try:
+        errors = calibration_errors(load_toml(cluster.path))
+    except PerfmodelError as e:
+        raise PerfmodelError(f"{cluster.path}: {e}") from None
+    if errors is None:
+        return None, (f"{cluster.path} lacks calibration.network_rms_rel, compute_rms_rel or "
+                      f"run_spread_cv: its calibration did not measure the network, compute "
+                      f"and a repeated run, so there is no interval")
+    point = summary.step_time_s.mean
+    compute_share = min(max(summary.compute_s / point, 0.0), 1.0)
+    interval = prediction_interval(
+        point, network_rms_rel=errors.network_rms_rel, compute_rms_rel=errors.compute_rms_rel,
+        run_spread_cv=errors.run_spread_cv, compute_share=compute_share,
+        network_share=1.0 - compute_share)
+    source = (f"calibration residuals of {cluster.path.name} (compute {errors.compute_rms_rel:.0%}"
+              f" and network {errors.network_rms_rel:.0%} RMS, weighted by this step's "
+              f"{compute_share:.0%} compute share) and run-to-run spread "
+              f"{errors.run_spread_cv:.0%}; log-normal")
+    return interval, source

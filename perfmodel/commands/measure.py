@@ -17,8 +17,10 @@ from typing import Any
 
 import click
 
+from measure.configs import check_workload, collectives_config, compute_config, training_config
+from measure.configs import torchrun_args as make_torchrun_args
 from perfmodel.errors import PerfmodelError
-from perfmodel.workload import load_workload, workload_paths
+from perfmodel.workload import load_workload
 
 GIB, MIB = 2**30, 2**20
 SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}    # nccl-tests: -b 8 -e 128M
@@ -122,28 +124,6 @@ def training_options(f):
     return f
 
 
-def check_workload(name: str) -> str:
-    known = sorted(workload_paths())
-    if name not in known:
-        raise PerfmodelError(f"unknown workload '{name}'; choose from: {', '.join(known)}")
-    return name
-
-
-def parse_speed(text: str | None, workers: int) -> list[float]:
-    if text is None:
-        return []
-    try:
-        values = [float(s) for s in text.split(",")]
-    except ValueError:
-        raise PerfmodelError(f"--speed '{text}' is not a comma-separated list of numbers"
-                             ) from None
-    if len(values) != workers:
-        raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is {workers}")
-    if any(not v > 0 for v in values):
-        raise PerfmodelError("every --speed must be positive (1 = full speed, 0.5 = half)")
-    return values
-
-
 def parse_size(text: str) -> int:
     """Bytes from '8', '64K', '16M', '1G' (binary multiples, as nccl-tests) or '16MiB'."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -158,16 +138,6 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def training_config(kind: str, *, workers, workload, batch_size, steps, warmup_steps, speed,
-                    seed, timeout_s, threads_per_worker, options: dict) -> dict[str, Any]:
-    w = load_workload(check_workload(workload))
-    return {"kind": kind, "workers": workers, "workload": workload,
-            "batch_size": batch_size or w.batch_size, "steps": steps,
-            "warmup_steps": warmup_steps, "seed": seed, "speed": parse_speed(speed, workers),
-            "options": {kind: {k: v for k, v in options.items() if v is not None}},
-            "timeout_s": timeout_s, "threads_per_worker": threads_per_worker}
-
-
 # ------------------------------------------------------------------ running
 
 
@@ -180,7 +150,7 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
     from measure.store import Store
 
     store = Store(db)
-    torchrun_args = _torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    torchrun_args = make_torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     if torchrun_args and link_rate_Gbps is not None:
         raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
                              "combined with --nnodes/--rdzv-endpoint")
@@ -207,21 +177,6 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
         raise click.Abort()
     if not result.ok:
         raise RunFailedError(f"run {run_id} failed: {result.reason}")
-
-
-def _torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id) -> list[str]:
-    given = {"--nnodes": nnodes, "--node-rank": node_rank, "--rdzv-endpoint": rdzv_endpoint,
-             "--rdzv-id": rdzv_id}
-    if all(v is None for v in given.values()):
-        return []
-    if nnodes is None or rdzv_endpoint is None:
-        raise PerfmodelError("a multi-node run needs --nnodes and --rdzv-endpoint (and "
-                             "--node-rank on each node)")
-    args = ["--rdzv-backend", "c10d"]
-    for flag, value in given.items():
-        if value is not None:
-            args += [flag, str(value)]
-    return args
 
 
 class ProgressBar:
@@ -295,10 +250,10 @@ def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters,
     guess = DEFAULTS["cuda" if shutil.which("nvidia-smi") else "cpu"]["max_bytes"]
     if lo > (hi or guess):
         raise PerfmodelError(f"--min-bytes {lo} exceeds --max-bytes {hi or guess}")
-    config = {"kind": "collectives", "workers": workers, "workload": None, "seed": seed,
-              "ops": op_list, "min_bytes": lo, "max_bytes": hi, "factor": factor,
-              "iters": iters, "warmup_iters": warmup_iters, "dtype": dtype,
-              "timeout_s": timeout_s, "threads_per_worker": threads_per_worker}
+    config = collectives_config(workers=workers, ops=op_list, min_bytes=lo, max_bytes=hi,
+                                factor=factor, iters=iters, warmup_iters=warmup_iters,
+                                dtype=dtype, seed=seed, timeout_s=timeout_s,
+                                threads_per_worker=threads_per_worker)
     total = len(op_list) * len(message_sizes(lo, hi or guess, factor))
     execute(config, workers, progress_total=total, **kwargs)
 
@@ -335,11 +290,9 @@ def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per
             raise PerfmodelError("every batch size must be at least 1")
     else:
         sizes = sorted({max(1, w.batch_size // 2), w.batch_size, 2 * w.batch_size})
-    config = {"kind": "compute", "workers": 1, "workload": workload, "batch_size": sizes[0],
-              "steps": repeats, "warmup_steps": warmup, "seed": seed, "speed": [],
-              "options": {"compute": {"batch_sizes": sizes, "repeats": repeats,
-                                      "warmup": warmup}},
-              "timeout_s": timeout_s, "threads_per_worker": threads_per_worker}
+    config = compute_config(workload=workload, batch_sizes=sizes, repeats=repeats,
+                            warmup=warmup, seed=seed, timeout_s=timeout_s,
+                            threads_per_worker=threads_per_worker)
     execute(config, 1, progress_total=2 * len(w.units) * len(sizes), **kwargs)
 
 

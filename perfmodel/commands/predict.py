@@ -65,6 +65,14 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
 
 
+def interval_line(p: Prediction) -> str:
+    if p.interval is None:
+        return f"  interval         none: {p.interval_source}"
+    iv = p.interval
+    return (f"  {iv.coverage:.0%} interval     {_ms(iv.low_s)} - {_ms(iv.high_s)} for the mean "
+            f"step (calibration residuals and run-to-run spread; --json says more)")
+
+
 def render(p: Prediction) -> str:
     s, sc = p.summary, p.scenario
     prov = sc.cluster.provenance
@@ -77,6 +85,7 @@ def render(p: Prediction) -> str:
         f"({p.speedup:.2f}x one worker)",
         f"  step time        mean {_ms(s.step_time_s.mean)}   p50 {_ms(s.step_time_s.p50)}"
         f"   p95 {_ms(s.step_time_s.p95)}",
+        interval_line(p),
         f"  per step         compute {_ms(s.compute_s)} | exposed comm "
         f"{_ms(s.comm_exposed_s)} | waiting {_ms(s.wait_s)}",
     ]

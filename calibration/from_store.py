@@ -1,0 +1,403 @@
+"""From stored measurement runs to a measured cluster profile: rows -> fit inputs -> profile.
+
+What each kind of run (measure/store.py) feeds:
+
+- collectives (nccl-tests sweeps): the link α, bandwidth and efficiency curve of
+  calibration/fit_network.py; single-node runs fit `intra_node`, runs whose config says
+  `nodes` > 1 fit `inter_node`.
+- compute (per-unit forward/backward medians): the overhead and efficiency curve of
+  calibration/fit_compute.py, units keyed "<workload>/<unit>" so that several workloads share
+  one fit; units without FLOPs (embedding lookups) are left out. Their optimizer-step timings
+  (summary `optimizer_step_s`) give compute.optimizer_GBps (model-state bytes per second) and
+  server.apply_GBps: a parameter server's apply *is* the workload's optimizer step on the
+  whole model (measure/runs/ps.py `Server.apply`), so gradient bytes / optimizer_step_s.
+- ddp / fsdp with >= 2 workers: compute.overlap_slowdown, fitted as the simulator uses it
+  (perfmodel/sim/ddp.py stretches backward, fsdp.py forward and backward while communication
+  is in flight): measured step compute_s ≈ (passes not overlapped + optimizer) + s x
+  (overlapped passes), least squares in relative error; compute.jitter_cv from each rank's
+  step compute_s (divided by its own mean, so rank and run offsets do not count as jitter);
+  device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
+  against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
+- ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
+  model's, and each rank's measured peak against perfmodel/memory.py ps_memory.
+- repeated training configurations (same config but for the calibration repeat marker): the
+  run-to-run spread, pooled CV of each run's median step time (calibration/uncertainty.py).
+
+A part without data keeps the base profile's value and is listed as unmeasured; a part with
+data that cannot be fitted is a PerfmodelError naming the measurements missing and the
+command that measures them. Notes (what was left out and why) and checks go into the
+profile's [calibration] table next to the residuals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from calibration.fit import FitResult, fit_result, relative_lstsq
+from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
+from calibration.fit_memory import MemorySample, fit_memory, memory_sample
+from calibration.fit_network import CollectiveSample, fit_network
+from calibration.fit_ps import fit_server_apply
+from calibration.hardware import detect, shipped_profile
+from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
+from perfmodel.errors import PerfmodelError
+from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
+from perfmodel.sim.collectives import link_transfer_s
+from perfmodel.sim.compute import unit_times
+from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import Workload, load_workload
+
+TRAINING_KINDS = ("ddp", "fsdp", "ps")
+OVERLAPPED = {"ddp": ("backward",), "fsdp": ("forward", "backward")}   # as perfmodel/sim/
+# What measures each part, for "missing" messages.
+COMMANDS = {
+    "network": "perfmodel measure collectives --workers 2",
+    "compute": "perfmodel measure compute --workload mlp",
+    "overlap": "perfmodel measure ddp --workers 2 --workload mlp",
+    "memory": "perfmodel measure ddp --workers 2 --workload cnn-small (a second model size)",
+    "optimizer": "perfmodel measure compute --workload cnn-small (a second workload)",
+}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Everything fitted from a set of runs, before it becomes a profile."""
+
+    base: ClusterProfile
+    fits: MeasuredFits
+    info: RunInfo
+    run_ids: tuple[int, ...]
+    notes: tuple[str, ...]
+    checks: dict[str, dict[str, float]]
+    by_op: dict[str, dict[str, float]]        # network residuals per collective
+
+    def profile(self, name: str) -> dict[str, Any]:
+        data = build_profile(name, self.base, self.fits, self.info)
+        table = data["calibration"]
+        table["run_ids"] = list(self.run_ids)
+        table["notes"] = list(self.notes)
+        table["checks"] = self.checks
+        table["residuals_by_op"] = self.by_op
+        return data
+
+
+def fit_from_runs(store, run_ids: Sequence[int], *, name: str, base: str = "local"
+                  ) -> dict[str, Any]:
+    """Profile data (as profile_writer.build_profile returns it) fitted from these runs."""
+    return calibrate_runs(store, run_ids, base=base).profile(name)
+
+
+def base_profile(name: str) -> ClusterProfile:
+    """The shipped profile of that name if there is one, else whatever `load_cluster` finds."""
+    if (SHIPPED_PROFILES / f"{name}.toml").exists():
+        return shipped_profile(name)
+    return load_cluster(name)
+
+
+def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Calibration:
+    """Fit every part the runs have data for (see the module docstring)."""
+    base_cluster = base_profile(base)
+    notes: list[str] = []
+    runs = [store.get_run(int(i)) for i in dict.fromkeys(run_ids)]
+    failed = [r.row.id for r in runs if r.row.status != "ok"]
+    if failed:
+        notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")
+    runs = [r for r in runs if r.row.status == "ok"]
+    by_kind: dict[str, list] = defaultdict(list)
+    for r in runs:
+        by_kind[r.row.kind].append(r)
+    if not any(by_kind[k] for k in ("collectives", "compute", *TRAINING_KINDS)):
+        raise PerfmodelError(
+            f"nothing to calibrate from: runs {', '.join(map(str, run_ids)) or '(none)'} hold "
+            f"no successful collectives, compute, ddp, fsdp or ps measurement; measure them "
+            f"with `perfmodel calibrate` or `perfmodel measure ...`")
+
+    network = _network(by_kind["collectives"])
+    compute, optimizer, apply = _compute(by_kind["compute"], base_cluster, notes)
+    fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
+                        inter_node=(network or {}).get("inter_node"), compute=compute,
+                        optimizer_GBps=optimizer, server_apply_GBps=apply)
+    # the profile so far: the model that the overlap fit and the checks predict with
+    stage1 = _as_cluster(base_cluster, fits)
+    parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
+    overlap = jitter = None
+    if parallel and compute is None:
+        notes.append("compute.overlap_slowdown not fitted: it needs the compute profile "
+                     f"(`{COMMANDS['compute']}`)")
+    elif parallel:
+        overlap = _overlap(parallel, stage1)
+        stage1 = _as_cluster(base_cluster, dataclasses.replace(fits, overlap_slowdown=overlap))
+    if parallel:
+        jitter = _jitter(parallel)
+    memory = _memory([r for k in ("ddp", "fsdp") for r in by_kind[k]], base_cluster, notes)
+    checks = _ps_checks(by_kind["ps"], stage1, base_cluster)
+    spread, spread_runs = _run_spread([r for k in TRAINING_KINDS for r in by_kind[k]])
+    if spread is None and any(by_kind[k] for k in TRAINING_KINDS):
+        notes.append("run-to-run spread not measured: no training configuration was run "
+                     "twice, so predictions from this profile carry no interval")
+    fits = dataclasses.replace(fits, overlap_slowdown=overlap, jitter_cv=jitter, memory=memory)
+    by_op = {}
+    for link in (fits.intra_node, fits.inter_node):
+        if link is not None:
+            by_op |= {f"{link.scope}.{op}": {"bias_rel": r.bias_rel, "rms_rel": r.rms_rel,
+                                             "max_rel": r.max_rel, "points": r.points}
+                      for op, r in link.by_op.items()}
+    if spread is not None:
+        notes.append(f"run-to-run spread {spread:.1%} (CV) from {spread_runs} repeated runs")
+    info = RunInfo(host=_hosts(runs), device_names=_device_names(runs, base_cluster),
+                   versions=_versions(runs), runs=len(runs), run_spread_cv=spread)
+    return Calibration(base=base_cluster, fits=fits, info=info,
+                       run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
+                       checks=checks, by_op=by_op)
+
+
+def _hinted(part: str, fit: Callable[[], T]) -> T:
+    """Run a fit; a refusal says which command measures what is missing."""
+    try:
+        return fit()
+    except PerfmodelError as e:
+        raise PerfmodelError(f"{e} (measure with `{COMMANDS[part]}` or `perfmodel calibrate`)"
+                             ) from None
+
+
+# ---------------------------------------------------------------- parts
+
+
+def collective_samples(runs) -> list[CollectiveSample]:
+    """The collective timings of stored collectives runs (measure.store.Run)."""
+    return [CollectiveSample(op=c["op"], ranks=int(r.row.world_size), bytes=float(c["bytes"]),
+                             time_s=float(c["time_s"]),
+                             nodes=int(r.row.config.get("nodes") or 1))
+            for r in runs for c in r.table("collectives")]
+
+
+def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
+    """(timings, forward FLOPs per sample, units left out for having none) of compute runs,
+    units named "<workload>/<unit>"."""
+    timings, flops, skipped = [], {}, set()
+    for r in runs:
+        w = load_workload(r.row.workload)
+        unit_flops = {u.name: u.forward_flops_per_sample for u in w.units}
+        for row in r.table("compute"):
+            unit = f"{w.name}/{row['unit']}"
+            if unit_flops.get(row["unit"], 0.0) <= 0:
+                skipped.add(unit)
+                continue
+            flops[unit] = unit_flops[row["unit"]]
+            timings.append(UnitTiming(unit=unit, phase=row["pass"],
+                                      batch_size=int(row["batch_size"]),
+                                      median_s=float(row["median_s"])))
+    return timings, flops, skipped
+
+
+def _network(runs) -> dict | None:
+    samples = collective_samples(runs)
+    if not samples:
+        return None
+    return _hinted("network", lambda: fit_network(samples))
+
+
+def _compute(runs, base: ClusterProfile, notes: list[str]):
+    """(compute fit, optimizer_GBps, server apply_GBps), each None without data."""
+    if not runs:
+        return None, None, None
+    groups: dict[str, list] = defaultdict(list)
+    for r in runs:
+        groups[load_workload(r.row.workload).precision_spec.compute_key].append(r)
+    key = max(groups, key=lambda k: sum(len(r.table("compute")) for r in groups[k]))
+    for other in sorted(set(groups) - {key}):
+        notes.append(f"left out the compute runs of {other} workloads "
+                     f"({', '.join(sorted({r.row.workload for r in groups[other]}))}): one "
+                     f"efficiency curve is fitted per calibration, here for {key}")
+    timings, flops, skipped = unit_timings(groups[key])
+    if skipped:
+        notes.append(f"left out units without FLOPs: {', '.join(sorted(skipped))}")
+    peak = base.device.peak_TFLOPS.get(key, base.device.peak_TFLOPS["fp32"])
+    fit = _hinted("compute", lambda: fit_compute(
+        timings, flops, peak_TFLOPS=peak, backward_flops_ratio=base.compute.backward_flops_ratio))
+    state, grads, seconds = [], [], []
+    for r in groups[key]:
+        step_s = _summary(r, "optimizer_step_s")
+        if step_s:
+            w = load_workload(r.row.workload)
+            state.append(w.model_state_bytes_per_param * w.params)
+            grads.append(w.params * w.precision_spec.grad_bytes)
+            seconds.append(step_s)
+    if len(seconds) < 2:
+        notes.append(f"compute.optimizer_GBps and server.apply_GBps not fitted: they need "
+                     f"optimizer-step timings of >= 2 workloads, found {len(seconds)} "
+                     f"(`{COMMANDS['optimizer']}`)")
+        return fit, None, None
+    return (fit, fit_optimizer_rate(state, seconds), fit_server_apply(grads, seconds))
+
+
+def _overlap(runs, cluster: ClusterProfile) -> FitResult:
+    """compute.overlap_slowdown s: compute_s ≈ rest + s x overlapped passes (module docstring)."""
+    measured, known, stretched = [], [], []
+    for r in runs:
+        n = int(r.row.workers)
+        w = load_workload(r.row.workload)
+        fraction = 1.0 / n if r.row.kind == "fsdp" else 1.0
+        t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=fraction)
+        passes = {"forward": float(t.forward_s.sum()), "backward": float(t.backward_s.sum())}
+        over = sum(passes[p] for p in OVERLAPPED[r.row.kind])
+        for s in r.table("steps"):
+            measured.append(float(s["compute_s"]))
+            stretched.append(over)
+            known.append(t.step_s - over)
+    m = np.array(measured)
+    if m.size < 2 or not np.all(np.isfinite(m) & (m > 0)):
+        raise PerfmodelError(f"compute.overlap_slowdown: need >= 2 DDP or FSDP steps with a "
+                             f"positive compute_s, found {m.size} (`{COMMANDS['overlap']}`)")
+    fit = relative_lstsq(np.array(stretched)[:, None], m, np.array(known))
+    s = float(fit.coef[0])
+    if not s > 0:
+        raise PerfmodelError(
+            f"compute.overlap_slowdown: the fit gives {s:.3g} from {m.size} DDP/FSDP steps: "
+            f"their measured compute (median {np.median(m) * 1e3:.3g} ms) is less than the "
+            f"compute profile's passes that do not overlap communication "
+            f"({np.median(known) * 1e3:.3g} ms); recalibrate compute "
+            f"(`{COMMANDS['compute']}`)")
+    return fit_result("compute.overlap_slowdown", s, fit.stderr[0], fit.rel)
+
+
+def _jitter(runs) -> FitResult | None:
+    series = []
+    for r in runs:
+        per_rank: dict[int, list[float]] = defaultdict(list)
+        for s in r.table("steps"):
+            per_rank[s["rank"]].append(float(s["compute_s"]))
+        series += [np.array(v) / np.mean(v) for v in per_rank.values() if len(v) >= 2]
+    if not series or sum(len(v) for v in series) < 3:
+        return None
+    return fit_jitter_cv(np.concatenate(series))
+
+
+def _memory(runs, base: ClusterProfile, notes: list[str]):
+    """Each rank's measured peak against the analytic model (no calibrated overhead)."""
+    cluster = dataclasses.replace(base, device=dataclasses.replace(
+        base.device, memory_overhead_fraction=0.0))
+    samples: list[MemorySample] = []
+    for r in runs:
+        model = _memory_model(r, cluster)
+        samples += [memory_sample(float(m["peak_bytes"]), model) for m in r.table("memory")
+                    if m.get("peak_bytes")]
+    if not samples:
+        return None
+    analytic = [s.analytic_bytes for s in samples]
+    if len(samples) < 2 or max(analytic) < 1.5 * min(analytic):
+        notes.append(f"device memory overheads not fitted: the DDP/FSDP runs' modelled memory "
+                     f"spans {max(analytic) / min(analytic):.2f}x, under the 1.5x that "
+                     f"separates a constant from a fraction (`{COMMANDS['memory']}`)")
+        return None
+    return fit_memory(samples)
+
+
+def _memory_model(run, cluster: ClusterProfile) -> MemoryBreakdown:
+    scenario = _scenario(run, cluster)
+    opts = (run.row.config.get("options") or {}).get(run.row.kind, {})
+    if run.row.kind == "fsdp":
+        return fsdp_memory(scenario, opts.get("variant", "full-shard"), 1)
+    return ddp_memory(scenario, opts.get("bucket_cap_MiB") or 25.0,
+                      opts.get("first_bucket_MiB") or opts.get("bucket_cap_MiB") or 1.0)
+
+
+def _scenario(run, cluster: ClusterProfile) -> Scenario:
+    return Scenario(cluster=cluster, workload=load_workload(run.row.workload),
+                    workers=int(run.row.workers), batch_size=int(run.row.batch_size))
+
+
+def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str, dict]:
+    """Model against measurement for PS runs: a worker's round trip, and memory per role."""
+    checks: dict[str, dict] = {}
+    no_overhead = dataclasses.replace(base, device=dataclasses.replace(
+        base.device, memory_overhead_fraction=0.0))
+    for r in runs:
+        w: Workload = load_workload(r.row.workload)
+        waits = [float(s["comm_wait_s"]) for s in r.table("steps")]
+        link = getattr(cluster, cluster.server.link)
+        if waits and int(r.row.workers) == 1:        # alone: no queue at the server
+            model = (link_transfer_s(link, w.param_bytes)
+                     + link_transfer_s(link, w.params * w.precision_spec.grad_bytes)
+                     + w.params * w.precision_spec.grad_bytes / (cluster.server.apply_GBps * 1e9))
+            checks[f"ps_round_trip_s.run{r.row.id}"] = _check(model, float(np.median(waits)))
+        roles = ps_memory(_scenario(r, no_overhead), 1)
+        for m in r.table("memory"):
+            role = "server" if m["rank"] == 0 else "worker"
+            model = roles[role].peak_bytes - roles[role].framework_bytes
+            checks[f"ps_{role}_peak_bytes.run{r.row.id}.rank{m['rank']}"] = _check(
+                model, float(m["peak_bytes"]))
+    return checks
+
+
+def _check(model: float, measured: float) -> dict[str, float]:
+    return {"model": model, "measured": measured, "rel": (model - measured) / measured}
+
+
+def _run_spread(runs) -> tuple[float | None, int]:
+    """Pooled CV of the median step time over runs repeating one configuration."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in runs:
+        walls = [float(s["wall_s"]) for s in r.table("steps")]
+        if walls:
+            groups[same_configuration(r.row.config)].append(float(np.median(walls)))
+    repeated = [np.log(v) for v in groups.values() if len(v) >= 2]
+    dof = sum(len(v) - 1 for v in repeated)
+    if not dof:
+        return None, 0
+    var = sum(float(np.var(v, ddof=1)) * (len(v) - 1) for v in repeated) / dof
+    return math.sqrt(math.expm1(var)), sum(len(v) for v in repeated)   # lognormal CV
+
+
+def same_configuration(config: dict[str, Any]) -> str:
+    """A run's config without what differs between repeats of one measurement."""
+    return json.dumps({k: v for k, v in config.items()
+                       if k not in ("calibration", "oversubscribed")}, sort_keys=True)
+
+
+def _summary(run, key: str) -> float | None:
+    values = [s["value"] for s in run.table("summaries") if s["key"] == key
+              and isinstance(s["value"], int | float)]
+    return float(values[0]) if values else None
+
+
+def _as_cluster(base: ClusterProfile, fits: MeasuredFits) -> ClusterProfile:
+    info = RunInfo(host="-", device_names=(), versions="-", runs=0)
+    data = build_profile(base.name, base, fits, info)
+    return parse_profile(data, base.path)
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def _hosts(runs) -> str:
+    return ", ".join(sorted({r.row.host for r in runs if r.row.host})) or "unknown host"
+
+
+def _versions(runs) -> str:
+    torch = sorted({r.row.torch_version for r in runs if r.row.torch_version})
+    backends = sorted({f"{r.row.backend} {r.row.backend_version}" if r.row.backend_version
+                       else r.row.backend for r in runs if r.row.backend})
+    return ", ".join([f"torch {t}" for t in torch] + backends) or "unknown"
+
+
+def _device_names(runs, base: ClusterProfile) -> tuple[str, ...]:
+    """Names of the devices the runs used: this machine's, if they ran here; else the base's."""
+    devices = {(r.row.device or "").split(":")[0] for r in runs}
+    hw = detect()
+    if hw.host in {r.row.host for r in runs}:
+        if devices == {"cpu"}:
+            return (f"CPU core ({hw.cpu})",)
+        if hw.gpus:
+            return hw.device_names()
+    return (base.device.name,)

@@ -1,0 +1,192 @@
+"""Which measurements a calibration needs, per kind of machine, and which are already stored.
+
+Each `Measurement` is one real run (measure/configs.py builds its config.json) and says what
+it feeds (calibration/from_store.py):
+
+- collectives: an nccl-tests-style sweep of all-reduce, all-gather and reduce-scatter at the
+  node's ranks (2 on a CPU host, every GPU on a GPU host), sizes spanning what the workloads
+  communicate (CPU: 1 KiB to 16 MiB — mlp's 12.9 MB of gradients, cnn-small's 2.5 MB, FSDP
+  units down to kilobytes; GPU: to 256 MiB, nccl-tests' default end), each op swept
+  `COLLECTIVE_REPEATS` times in one launch (the op list repeated: A, B, C, A, B, C, ...) so
+  each size has several points spread over the run, without paying torch's start-up again.
+  With several nodes, one more such run over all of them (it feeds inter_node).
+- compute: each workload's per-unit forward/backward times at a quarter, half and all of its
+  batch size (>= 3 FLOP counts per unit, as the compute fit needs; the training runs use the
+  whole batch, the top of the range), and its optimizer step.
+- ddp: the first workload `DDP_REPEATS` times (overlap slowdown, jitter, memory, and the
+  run-to-run spread of a repeated configuration), the second once (a second model size, so
+  the memory fit can tell a constant from a fraction).
+- ps: the first workload with one worker (no queue at the server): checks of the server round
+  trip and of the PS memory model.
+
+On this 2-core host a launch spends most of its time importing torch (3-8 s per process,
+more when the host is busy), so the suite is a few launches doing several things each.
+
+Reuse (resuming an interrupted calibration): a stored run counts if it succeeded, ran on
+this host with this torch version less than `REUSE_MAX_AGE` ago, and its config equals the
+measurement's. Each config carries a `calibration` marker (suite, item, repeat), so repeats
+are told apart and runs from `perfmodel measure` are never mistaken for them. Multi-node
+measurements are never reused: every node must run them together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from measure.configs import (
+    check_workload,
+    collectives_config,
+    compute_config,
+    processes,
+    progress_total,
+    training_config,
+)
+from perfmodel.errors import PerfmodelError
+from perfmodel.workload import load_workload
+
+REUSE_MAX_AGE = dt.timedelta(hours=24)
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
+# The first runs DDP repeatedly and the PS check: cnn-small trains on synthetic batches, so
+# its runs skip the scikit-learn import that mlp's digits data costs (~5 s on a busy host).
+DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
+                     "cuda": ("resnet50", "bert-large")}
+COLLECTIVE_REPEATS = 3
+DDP_REPEATS = 3
+TIMEOUT_S = 300.0                   # process-group timeout of every run
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SuiteSize:
+    """How big each measurement is: the full suite, or `--quick` (tests, a first look)."""
+
+    max_bytes: dict[str, int]       # per device kind
+    factor: int
+    iters: int | None               # None: the device default (measure/runs/collectives.py)
+    collective_repeats: int
+    compute_repeats: int
+    compute_workloads: int          # how many of the workloads get a compute profile
+    steps: int
+    ddp_repeats: int
+    second_ddp: bool
+
+
+FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
+                 collective_repeats=COLLECTIVE_REPEATS, compute_repeats=8,
+                 compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True)
+QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
+                  collective_repeats=2, compute_repeats=5, compute_workloads=2, steps=8,
+                  ddp_repeats=2, second_ddp=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    key: str                        # unique in the suite, e.g. "ddp-mlp-2"
+    label: str                      # for people: "ddp mlp, 2 workers (2 of 3)"
+    config: dict[str, Any]          # config.json, with its calibration marker
+    nproc: int                      # processes on this node
+    multinode: bool = False         # launched with the torchrun multi-node flags
+
+    @property
+    def progress_total(self) -> int:
+        return progress_total(self.config)
+
+
+def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = None,
+                quick: bool = False, ranks: int = 2, nnodes: int = 1,
+                seed: int = 0) -> tuple[Measurement, ...]:
+    """The measurements for a machine of device `kind` ("cpu" or "cuda").
+
+    `suite` names the calibration (the cluster name) in each config's marker; `ranks` are
+    the processes per node of the collectives and DDP runs.
+    """
+    if kind not in DEFAULT_WORKLOADS:
+        raise PerfmodelError(f"unknown device kind '{kind}'; choose from: cpu, cuda")
+    names = tuple(check_workload(w) for w in (workloads or DEFAULT_WORKLOADS[kind]))
+    if not names:
+        raise PerfmodelError("--workloads needs at least one workload")
+    size = QUICK if quick else FULL
+    common = {"seed": seed, "timeout_s": TIMEOUT_S, "threads_per_worker": 1}
+    out: list[Measurement] = []
+
+    def add(key: str, label: str, config: dict, repeat: int = 1, multinode: bool = False,
+            nproc: int | None = None) -> None:
+        config = {**config, "calibration": {"suite": suite, "item": key, "repeat": repeat}}
+        out.append(Measurement(key=f"{key}-{repeat}", label=label, config=config,
+                               nproc=nproc or processes(config), multinode=multinode))
+
+    sweeps = f"{size.collective_repeats} sweeps of {', '.join(COLLECTIVE_OPS)}"
+    if nnodes > 1:       # first, so that every node starts it at once
+        config = {**_sweep(kind, size, ranks * nnodes, common), "nodes": nnodes}
+        add("collectives-nodes", f"collectives, {nnodes} nodes x {ranks} ranks, {sweeps}",
+            config, multinode=True, nproc=ranks)
+    if ranks >= 2:
+        add("collectives", f"collectives, {ranks} ranks, {sweeps}",
+            _sweep(kind, size, ranks, common))
+    for w in names[:size.compute_workloads]:
+        b = load_workload(w).batch_size
+        batches = sorted({max(1, b // 4), max(1, b // 2), b})
+        add(f"compute-{w}", f"compute {w}, batch {','.join(map(str, batches))}",
+            compute_config(workload=w, batch_sizes=batches, repeats=size.compute_repeats,
+                           warmup=3, **common))
+    if ranks >= 2:
+        ddp = [(names[0], r) for r in range(1, size.ddp_repeats + 1)]
+        if size.second_ddp and len(names) > 1:
+            ddp.append((names[1], 1))
+        for w, r in ddp:
+            n = sum(1 for x, _ in ddp if x == w)
+            add(f"ddp-{w}", f"ddp {w}, {ranks} workers" + (f" ({r} of {n})" if n > 1 else ""),
+                _training("ddp", w, ranks, size.steps, {}, common), r)
+    add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
+        _training("ps", names[0], 1, size.steps, {"mode": "sync"}, common))
+    return tuple(out)
+
+
+def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:
+    return collectives_config(workers=ranks, ops=list(COLLECTIVE_OPS) * size.collective_repeats,
+                              min_bytes=1024,
+                              max_bytes=size.max_bytes[kind], factor=size.factor,
+                              iters=size.iters, warmup_iters=None, dtype="float32", **common)
+
+
+def _training(kind: str, workload: str, workers: int, steps: int, options: dict,
+              common: dict) -> dict:
+    return training_config(kind, workers=workers, workload=workload, batch_size=None,
+                           steps=steps, warmup_steps=2, speed=None, options=options, **common)
+
+
+# ---------------------------------------------------------------- what is stored already
+
+
+def comparable(config: dict[str, Any]) -> str:
+    """A config as JSON, without what the launcher adds, for comparing stored runs."""
+    clean = json.loads(json.dumps(config))
+    clean.pop("oversubscribed", None)
+    return json.dumps(clean, sort_keys=True)
+
+
+def reusable_run(runs, m: Measurement, *, host: str, torch_version: str | None,
+                 now: dt.datetime) -> int | None:
+    """Id of the newest stored run (store.list_runs rows) that can stand for `m`, or None."""
+    if m.multinode:
+        return None
+    want = comparable(m.config)
+    for row in reversed(runs):
+        if (row.status != "ok" or row.kind != m.config["kind"] or row.host != host
+                or (torch_version and row.torch_version != torch_version)
+                or not _recent(row.started_at, now) or comparable(row.config) != want):
+            continue
+        return row.id
+    return None
+
+
+def _recent(started_at: str | None, now: dt.datetime) -> bool:
+    try:
+        when = dt.datetime.fromisoformat(started_at or "")
+    except ValueError:
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return dt.timedelta(0) <= now - when <= REUSE_MAX_AGE

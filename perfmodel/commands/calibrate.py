@@ -1,0 +1,256 @@
+"""`perfmodel calibrate`: measure what is missing, fit the model's parameters, write a profile.
+
+Steps: check that this machine may calibrate the named cluster (calibration/hardware.py),
+list the suite of measurements it needs (calibration/suite.py), run those not already in
+the store (each finished run is stored at once, so an interrupted calibration resumes where
+it stopped), fit them (calibration/from_store.py) and write the profile atomically with
+provenance into the user profile folder (calibration/profile_writer.py), backing up the
+previous one. torch is only imported by the measurement processes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from perfmodel.commands.measure import RunFailedError, one_line_errors
+from perfmodel.errors import PerfmodelError
+
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/profile_writer.py
+
+
+@click.command("calibrate")
+@click.option("--cluster", required=True,
+              help="Profile to write: local (this machine), a shipped GPU profile (on that "
+                   "GPU only) or a new name.")
+@click.option("--fresh", is_flag=True, help="Measure everything again instead of reusing "
+              "runs stored in the last 24 hours on this host.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Measurement store [$PERFMODEL_DB or the per-user default].")
+@click.option("--workloads", default=None, metavar="W1,W2,...",
+              help="Workloads to profile [CPU: cnn-small,mlp,transformer-small; GPU: "
+                   "resnet50,bert-large]; DDP and PS run the first, DDP the second once.")
+@click.option("--quick", is_flag=True, help="A smaller suite (fewer sizes, repeats and "
+              "steps; about half the time) for tests and a first look; wider residuals.")
+@click.option("--max-time-s", type=click.FloatRange(1), default=600, show_default=True,
+              help="Stop any one measurement after this many seconds.")
+@click.option("--nnodes", default=None, help="torchrun: nodes (calibrating several nodes).")
+@click.option("--node-rank", type=int, default=None, help="torchrun: this node's rank.")
+@click.option("--rdzv-endpoint", default=None, help="torchrun: HOST:PORT of node 0.")
+@click.option("--rdzv-id", default=None, help="torchrun: job id shared by all nodes.")
+@click.option("--nproc-per-node", type=click.IntRange(1), default=None,
+              help="Ranks per node for collectives and DDP [2 on CPU, every GPU].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@one_line_errors
+def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
+            rdzv_endpoint, rdzv_id, nproc_per_node, as_json):
+    """Measure this machine or cluster and write a calibrated profile.
+
+    Runs the suite of real measurements the model needs (collective sweeps, per-unit compute
+    timings, DDP and parameter-server runs), reusing successful runs stored in the last 24
+    hours on this host unless --fresh, fits latency, bandwidth, compute efficiency, overlap
+    slowdown, memory overheads and the server's apply rate, and writes the profile with
+    provenance and residuals to $PERFMODEL_PROFILES (a previous one is backed up). Interrupt
+    it and run it again: it resumes with the measurements still missing.
+
+    Several nodes: run the same command on every node with --nnodes, --node-rank and
+    --rdzv-endpoint; node 0 fits and writes the profile.
+
+    \b
+    Examples:
+      perfmodel calibrate --cluster local
+      perfmodel calibrate --cluster local --quick --json
+      perfmodel calibrate --cluster mybox --workloads mlp,cnn-small --fresh
+      perfmodel calibrate --cluster a10g --nnodes 4 --node-rank 0 --rdzv-endpoint head:29500
+    """
+    from calibration.hardware import choose_base, detect, torch_version
+    from calibration.suite import build_suite
+    from measure.configs import torchrun_args
+
+    started = time.monotonic()
+    if not PROFILE_NAME.fullmatch(cluster):
+        raise PerfmodelError(f"--cluster '{cluster}': a profile name is letters, digits, '_', "
+                             f"'-' or '.' (it becomes the file name)")
+    hw = detect()
+    choice = choose_base(cluster, hw)
+    if torch_version() is None:
+        raise PerfmodelError("calibrating measures real torch.distributed runs, but torch is "
+                             "not installed here; install perfmodel's measure extra")
+    args = torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    nodes = int(nnodes) if args and str(nnodes).isdigit() else 1
+    if args and nodes < 2:
+        raise PerfmodelError(f"--nnodes must be a whole number >= 2 for a multi-node "
+                             f"calibration, got {nnodes!r}")
+    ranks = nproc_per_node or (len(hw.gpus) if hw.gpus else 2)
+    names = tuple(w.strip() for w in workloads.split(",") if w.strip()) if workloads else None
+    suite = build_suite(hw.kind, suite=cluster, workloads=names, quick=quick, ranks=ranks,
+                        nnodes=nodes)
+    if node_rank:                   # other nodes take part in the multi-node runs only
+        suite = tuple(m for m in suite if m.multinode)
+    ids, measured = run_suite(suite, db=db, fresh=fresh, host=hw.host,
+                              torch=torch_version(), torchrun=args, max_time_s=max_time_s,
+                              hidden=as_json or not sys.stderr.isatty())
+    if node_rank:
+        click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
+        return
+    result = fit_and_write(cluster, ids, db=db, base=choice.base)
+    out = {"cluster": cluster, "profile": str(result["path"]),
+           "backup": str(result["backup"]) if result["backup"] else None,
+           "base": choice.base, "base_reason": choice.reason, "hardware": hw.describe(),
+           "runs": {"used": ids, "measured": measured,
+                    "reused": [i for i in ids if i not in measured]},
+           "wall_s": time.monotonic() - started, **summary(result["data"])}
+    click.echo(json.dumps(out, indent=2) if as_json else render(out))
+
+
+def run_suite(suite, *, db, fresh: bool, host: str, torch: str | None, torchrun: list[str],
+              max_time_s: float, hidden: bool) -> tuple[list[int], list[int]]:
+    """Run the measurements not yet stored; return (run ids of the suite, ids run now)."""
+    from calibration.suite import reusable_run
+    from measure.launch import launch
+    from measure.store import Store
+
+    store = Store(db)
+    stored = [] if fresh else store.list_runs()
+    now = dt.datetime.now(dt.UTC)
+    ids: list[int] = []
+    measured: list[int] = []
+    todo = []
+    for m in suite:
+        found = reusable_run(stored, m, host=host, torch_version=torch, now=now)
+        if found is None:
+            todo.append(m)
+        else:
+            ids.append(found)
+    total = sum(m.progress_total for m in todo)
+    with SuiteProgress(total, hidden) as bar:
+        for i, m in enumerate(todo, 1):
+            bar.start(f"[{i}/{len(todo)}] {m.label}", m.progress_total)
+            result = launch(m.config, m.nproc, torchrun_args=torchrun if m.multinode else (),
+                            progress=bar.update, timeout_s=max_time_s)
+            run_id = store.ingest(result.run_dir, result.status, result.reason)
+            bar.finish(f"{m.label}: run {run_id}, {result.wall_s:.0f} s"
+                       + ("" if result.ok else f", FAILED: {result.reason}"))
+            if result.interrupted:
+                raise click.Abort()
+            if not result.ok:
+                raise RunFailedError(
+                    f"measurement '{m.label}' failed (run {run_id}: {result.reason}); the "
+                    f"{len(measured) + len(ids)} measurements finished are stored in "
+                    f"{store.path}: run the same command again to resume")
+            ids.append(run_id)
+            measured.append(run_id)
+    return sorted(ids), measured
+
+
+def fit_and_write(cluster: str, ids: list[int], *, db, base: str) -> dict[str, Any]:
+    from calibration.from_store import fit_from_runs
+    from calibration.profile_writer import write_profile
+    from measure.store import Store
+
+    data = fit_from_runs(Store(db), ids, name=cluster, base=base)
+    written = write_profile(data)
+    return {"data": data, "path": written.path, "backup": written.backup}
+
+
+class SuiteProgress:
+    """One progress bar on stderr across the suite; lines instead when stderr is no terminal."""
+
+    def __init__(self, total: int, hidden: bool):
+        self.total, self.hidden = max(total, 1), hidden
+        self.bar, self.offset, self.shown, self.size = None, 0, 0, 0
+
+    def __enter__(self):
+        if not self.hidden:
+            self.bar = click.progressbar(length=self.total, label="calibrating",
+                                         file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        return self
+
+    def start(self, label: str, size: int) -> None:
+        self.size = size
+        if self.bar is not None:
+            self.bar.label = label
+            self.bar.render_progress()
+        else:
+            click.echo(f"perfmodel calibrate: {label} ...", err=True)
+
+    def update(self, done: int) -> None:
+        target = self.offset + min(done, self.size)
+        if self.bar is not None and target > self.shown:
+            self.bar.update(target - self.shown)
+            self.shown = target
+
+    def finish(self, line: str) -> None:
+        self.offset += self.size
+        self.update(self.size)
+        if self.bar is None:
+            click.echo(f"perfmodel calibrate:   {line}", err=True)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summary(data: dict[str, Any]) -> dict[str, Any]:
+    """The calibration table of a profile's data, for the JSON and the table."""
+    table = data["calibration"]
+    return {key: table.get(key) for key in (
+        "residuals", "run_spread_cv", "network_rms_rel", "compute_rms_rel",
+        "residuals_by_op", "checks", "measured", "unmeasured", "notes")} | {
+        "provenance": {k: data["provenance"][k] for k in ("date", "host", "versions", "runs",
+                                                          "devices")}}
+
+
+def render(out: dict[str, Any]) -> str:
+    prov = out["provenance"]
+    lines = [
+        f"calibrated '{out['cluster']}' in {out['wall_s']:.0f} s: {out['profile']}"
+        + (f" (previous profile kept as {Path(out['backup']).name})" if out["backup"] else ""),
+        f"  {prov['runs']} runs ({len(out['runs']['measured'])} measured now, "
+        f"{len(out['runs']['reused'])} reused) on {prov['host']}: "
+        f"{', '.join(prov['devices'])}; {prov['versions']}",
+        f"  base '{out['base']}': {out['base_reason']}",
+        "",
+        f"  {'parameter':<34} {'value':>11} {'± stderr':>11} {'rms resid':>10} "
+        f"{'max resid':>10} {'points':>7}",
+    ]
+    for name, r in (out["residuals"] or {}).items():
+        lines.append(f"  {name:<34} {r['value']:>11.4g} {'± ' + format(r['stderr'], '.2g'):>11} "
+                     f"{r['rms_rel']:>9.1%} {r['max_rel']:>10.1%} {r['points']:>7}")
+    if out.get("run_spread_cv") is not None:
+        lines.append(f"  {'run-to-run spread (CV)':<34} {out['run_spread_cv']:>11.1%}")
+    by_op = out.get("residuals_by_op") or {}
+    if by_op:
+        lines += ["", "  residuals by collective (model - measured) / measured:"]
+        lines += [f"    {op:<32} bias {r['bias_rel']:+7.1%}   rms {r['rms_rel']:6.1%}   "
+                  f"max {r['max_rel']:6.1%}   ({r['points']} points)" for op, r in by_op.items()]
+    checks = out.get("checks") or {}
+    if checks:
+        lines += ["", "  checks, model vs measured (not fitted):"]
+        for name, c in checks.items():
+            lines.append(f"    {name:<40} {_quantity(name, c['model'])} vs "
+                         f"{_quantity(name, c['measured'])} ({c['rel']:+.0%})")
+    if out.get("unmeasured"):
+        lines += ["", f"  kept from '{out['base']}' (not measured): "
+                  + ", ".join(out["unmeasured"])]
+    lines += [f"  note: {n}" for n in out.get("notes") or []]
+    lines += ["", f"  use it: perfmodel predict --cluster {out['cluster']} --strategy ddp "
+              f"--workers 2 --workload mlp"]
+    return "\n".join(lines)
+
+
+def _quantity(name: str, value: float) -> str:
+    if "bytes" in name:
+        return f"{value / 2**20:,.1f} MiB"
+    return f"{value * 1e3:,.2f} ms" if name.split(".")[0].endswith("_s") else f"{value:.4g}"
