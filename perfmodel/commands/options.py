@@ -73,6 +73,55 @@ def strategy_options(f):
     return f
 
 
+def elastic_options(f):
+    """Membership events or a failure rate, and what a change costs (perfmodel/goodput.py).
+    None given: no elasticity work at all."""
+    for opt in reversed([
+        click.option("--events", default=None, metavar="KIND:WORKER@TIME,...|FILE.toml",
+                     help="Membership events: fail, leave or join of worker i at a time in "
+                          "s (or 5m, 2h), e.g. fail:3@120,join:3@300; or a TOML file of "
+                          "[[events]] tables (kind, worker, time_s)."),
+        click.option("--failure-rate-per-hour", type=click.FloatRange(0, min_open=True),
+                     default=None, help="Poisson failures per worker per hour (sampled with "
+                                        "--seed), instead of --events."),
+        click.option("--replace-after-s", type=click.FloatRange(0), default=0.0,
+                     show_default=True, help="With a failure rate: a failed worker's "
+                                             "replacement joins this long after."),
+        click.option("--run-hours", type=click.FloatRange(0, min_open=True), default=None,
+                     help="Length of the run [24 with a failure rate, else twice the last "
+                          "event and at least 1]."),
+        click.option("--checkpoint-interval-s", type=click.FloatRange(0, min_open=True),
+                     default=None, help="ddp, fsdp: training seconds between checkpoints "
+                                        "[1800]."),
+        click.option("--checkpoint-write-s", type=click.FloatRange(0), default=None,
+                     help="ddp, fsdp: seconds one checkpoint blocks training [10]."),
+        click.option("--detection-s", type=click.FloatRange(0), default=None,
+                     help="Seconds until a failure is noticed [15]."),
+        click.option("--restart-s", type=click.FloatRange(0), default=None,
+                     help="ddp, fsdp: rendezvous, restart and reload after a change [60]."),
+        click.option("--min-workers", type=click.IntRange(1), default=None,
+                     help="ddp, fsdp: torchrun --nnodes MIN; fewer and the job waits [1]."),
+        click.option("--sync-ps-on-departure", type=click.Choice(["drop", "wait"]),
+                     default=None, help="sync-ps: drop a departed worker from the barrier "
+                                        "(after detection) or wait for a joiner [drop]."),
+    ]):
+        f = opt(f)
+    return f
+
+
+ELASTIC_OPTION_NAMES = ("events", "failure_rate_per_hour", "replace_after_s", "run_hours",
+                        "checkpoint_interval_s", "checkpoint_write_s", "detection_s",
+                        "restart_s", "min_workers", "sync_ps_on_departure")
+
+
+def pop_elastic_options(kwargs: dict[str, Any]):
+    """The elasticity config of the options given (None: none given); seed stays in kwargs."""
+    from perfmodel.goodput import elastic_config
+
+    given = {k: kwargs.pop(k, None) for k in ELASTIC_OPTION_NAMES}
+    return elastic_config(**given, seed=kwargs.get("seed", 0))
+
+
 STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "variant",
                          "prefetch", "servers", "staleness_bound", "staleness_aware_lr",
                          "delay_compensation")

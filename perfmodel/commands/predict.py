@@ -8,7 +8,9 @@ import click
 
 from perfmodel.commands.options import (
     build_scenario,
+    elastic_options,
     oom_message,
+    pop_elastic_options,
     pop_strategy_options,
     scenario_options,
     strategy_options,
@@ -27,6 +29,7 @@ GIB = 2**30
               help="Number of training workers (GPUs; PS servers come on top).")
 @scenario_options
 @strategy_options
+@elastic_options
 @click.option("--allow-oom", is_flag=True,
               help="Report a configuration that does not fit in device memory instead of "
                    "refusing it.")
@@ -45,20 +48,35 @@ def command(strategy, workers, allow_oom, as_json, **kwargs):
       perfmodel predict --strategy fsdp --workers 8 --workload gpt2-xl --variant grad-op
       perfmodel predict --strategy sync-ps --workers 8 --stragglers 1 --straggler-speed 0.25
       perfmodel predict --strategy ddp --workers 512 --json
+      perfmodel predict --strategy ddp --workers 64 --failure-rate-per-hour 0.01 --run-hours 72
+      perfmodel predict --strategy async-ps --workers 16 --events fail:3@120,join:3@300
     """
     if workers < 1:
         raise PerfmodelError(f"--workers must be at least 1, got {workers}")
     options = pop_strategy_options(kwargs)
+    elastic = pop_elastic_options(kwargs)
     scenario = build_scenario(workers=workers, **kwargs)
     p = predict(strategy, scenario, **options)
     if not allow_oom:
         for role, m in p.memory.items():
             if m.oom:
                 raise PerfmodelError(oom_message(role, m, scenario, strategy))
+    elasticity = None
+    if elastic is not None:
+        from perfmodel.goodput import predict_elasticity
+
+        elasticity = predict_elasticity(p, elastic)
     if as_json:
-        click.echo(json.dumps(p.to_json(), indent=2))
+        out = p.to_json()
+        if elasticity is not None:
+            out["elasticity"] = elasticity.to_json()
+        click.echo(json.dumps(out, indent=2))
     else:
         click.echo(render(p))
+        if elasticity is not None:
+            from perfmodel.goodput import render_elasticity
+
+            click.echo(render_elasticity(elasticity))
 
 
 def _ms(seconds: float) -> str:
