@@ -308,3 +308,20 @@ def test_command_line_options_become_a_config_and_a_table():
     assert "goodput" in text and "2 restarts" in text     # the failure and the rejoin
     doc = e.to_json()
     assert doc["restarts"] == 2 and len(doc["throughput_series"]["t_s"]) == 200
+
+
+def test_predict_command_adds_an_elasticity_section():
+    import json
+
+    from click.testing import CliRunner
+
+    from perfmodel.commands.predict import command
+
+    args = ["--strategy", "ddp", "--workers", "4", "--events", "fail:1@120",
+            "--checkpoint-interval-s", "100", "--checkpoint-write-s", "0", "--json"]
+    out = CliRunner().invoke(command, args)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)["elasticity"]
+    assert doc["restarts"] == 1 and doc["lost_work_s"] == pytest.approx(20.0)
+    plain = CliRunner().invoke(command, ["--strategy", "ddp", "--workers", "4", "--json"])
+    assert "elasticity" not in json.loads(plain.output)
