@@ -507,3 +507,8 @@ def _ms(seconds: float) -> str:
 
 def _processes(n: int | None) -> str:
     return "? processes" if n is None else f"{n} process" + ("es" if n != 1 else "")
+
+
+from perfmodel.commands.measure_elastic import command as elastic_command  # noqa: E402
+
+command.add_command(elastic_command)      # `perfmodel measure elastic ddp|ps`
