@@ -117,9 +117,15 @@ def test_a_1_gbit_cap_holds_a_two_rank_all_reduce_to_the_cap(tmp_path):
     store = Store(tmp_path / "m.sqlite")
     run = store.get_run(store.ingest(result.run_dir, result.status))
     assert run.row.link_rate_Gbps == 1.0
+    # The cap is a ceiling: busbw never exceeds it (tbf enforces it exactly; seen 0.95-0.97 of
+    # it on an idle host). Below it, a loaded 2-core host may not feed the link (seen 0.70),
+    # so the floor only checks the data really crossed the capped link and not loopback
+    # (uncapped loopback runs at ~1 GB/s, 8x the cap).
     cap_GBps = 1.0 / 8
+    best = max(r["busbw_GBps"] for r in run.table("collectives"))
     for r in run.table("collectives"):
-        assert abs(r["busbw_GBps"] - cap_GBps) < CAP_GBPS_TOLERANCE * cap_GBps, r
+        assert r["busbw_GBps"] < (1 + CAP_GBPS_TOLERANCE) * cap_GBps, r
+    assert best > 0.5 * cap_GBps
     after = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                text=True).stdout.split())
     assert not {ns for ns in after - before if ns.startswith("perfmodel-")}
