@@ -13,6 +13,18 @@ timing, and the data-parallel step loop that DDP and FSDP share.
 - The step loop (`data_parallel_training`) per step: wall_s = compute_s + comm_wait_s, where
   comm_wait_s is the communication the training loop waited for, as the strategy's
   `CommMeter` defines it (see measure/runs/ddp.py and fsdp.py).
+- Compute mode (config `compute_mode`): "real" trains the model. "timed-wait" stands in for a
+  GPU on a machine with fewer cores than workers: each unit's forward and backward become a
+  sleep of the seconds given in config `compute_wait_s` ({"forward": [per unit], "backward":
+  [per unit], "optimizer": s}, forward order; `perfmodel compare` computes them from the
+  calibrated profile), and the DDP/FSDP optimizer step a sleep of "optimizer" seconds. The
+  model keeps its real parameters, so gradients, buckets, all-gathers, reduce-scatters, PS
+  pushes and pulls, the server's apply and every synchronisation stay real; the sleeping
+  worker leaves its core free, as a GPU leaves the CPU (oversleep and the CPU work between
+  sleeps are paid back from later sleeps: `Sleeper`). Every parameter still gets a (zero)
+  gradient, made ready when its unit's backward sleep ends, so DDP's buckets fire and FSDP's
+  reduce-scatters run in the real order. Losses are 0 and accuracy is not evaluated (NaN);
+  DDP/FSDP memory records count the live params, grads and optimizer state (no tracker).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+import types
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
@@ -29,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from measure.context import RunContext
-from measure.memtrack import measure_memory
+from measure.memtrack import live_memory, measure_memory
 from measure.models import MODELS, ModelSpec
 from measure.models import make_optimizer as make_workload_optimizer
 from perfmodel.errors import PerfmodelError
@@ -40,6 +53,7 @@ DIGITS_SPLIT_SEED = 0               # fixed: every run is scored on the same tes
 SYNTHETIC_TEST_SAMPLES = 256        # size of the synthetic held-out set
 HELD_OUT_STREAM = 1_000_000         # generator stream of the held-out set (ranks use 0..)
 MEMORY_STEPS = 2                    # extra steps measured under the memory tracker
+COMPUTE_MODES = ("real", "timed-wait")
 
 
 # ---------------------------------------------------------------- settings
@@ -58,10 +72,19 @@ class Settings:
     seed: int
     speed: tuple[float, ...]        # relative speed per worker; 1.0 = full speed
     options: dict[str, Any]         # this kind's own options
+    compute_mode: str = "real"      # "real" or "timed-wait" (module docstring)
+    compute_wait: ComputeWait | None = None     # timed-wait: the seconds to wait
 
     @property
     def spec(self) -> ModelSpec:
-        return MODELS[self.workload]
+        """The workload's model; in timed-wait mode, the same model with sleeping units."""
+        if self.compute_wait is None:
+            return MODELS[self.workload]
+        return timed_wait_spec(MODELS[self.workload], self.compute_wait)
+
+    @property
+    def timed_wait(self) -> bool:
+        return self.compute_wait is not None
 
     @property
     def total_steps(self) -> int:
@@ -90,13 +113,18 @@ def parse_settings(config: dict[str, Any], world_size: int) -> Settings:
     if any(not s > 0 for s in speed):
         raise PerfmodelError(f"every relative speed must be positive, got {list(speed)}")
     options = (config.get("options") or {}).get(kind, {}) if kind else {}
+    mode = config.get("compute_mode") or "real"
+    if mode not in COMPUTE_MODES:
+        raise PerfmodelError(f"config 'compute_mode' is '{mode}'; choose from: "
+                             f"{', '.join(COMPUTE_MODES)}")
+    wait = parse_compute_wait(config.get("compute_wait_s")) if mode == "timed-wait" else None
     return Settings(
         kind=kind, workers=workers, workload=workload,
         batch_size=_int(config, "batch_size", spec.batch_size, 1),
         steps=_int(config, "steps", 20, 1),
         warmup_steps=_int(config, "warmup_steps", 2, 0),
         seed=_int(config, "seed", 0, 0),
-        speed=speed, options=dict(options))
+        speed=speed, options=dict(options), compute_mode=mode, compute_wait=wait)
 
 
 def _int(config: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -108,6 +136,140 @@ def _int(config: dict[str, Any], key: str, default: int, minimum: int) -> int:
     if value < minimum:
         raise PerfmodelError(f"config '{key}' must be at least {minimum}, got {value}")
     return int(value)
+
+
+# ---------------------------------------------------------------- timed-wait compute
+
+
+class Sleeper:
+    """Timed-wait compute that adds up to the calibrated time, not to more.
+
+    Two things would stretch a worker's emulated compute beyond the waits it is given: waking
+    late from a sleep when the cores are busy, and the CPU work the worker does between its
+    sleeps (autograd bookkeeping, writing the zero gradients, DDP copying them into buckets,
+    a PS worker packing them) — work a GPU would do on the device, alongside its kernels.
+    Both are counted as debt and slept less next time: oversleep from the wall clock, the CPU
+    work from this thread's CPU time (`time.thread_time`, which excludes time spent blocked
+    in communication, so waiting for peers is never paid back as compute). A worker whose
+    CPU work exceeds its waits computes longer, as it must.
+    """
+
+    def __init__(self):
+        self.debt_s = 0.0
+        self.cpu_mark_s: float | None = None    # this thread's CPU time after the last sleep
+
+    def sleep(self, seconds: float) -> None:
+        if self.cpu_mark_s is not None:
+            self.debt_s += max(time.thread_time() - self.cpu_mark_s, 0.0)
+        want = seconds - self.debt_s
+        if want <= 0:
+            self.debt_s = -want
+        else:
+            start = time.perf_counter()
+            time.sleep(want)
+            self.debt_s = max(time.perf_counter() - start - want, 0.0)
+        self.cpu_mark_s = time.thread_time()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeWait:
+    """Seconds a timed-wait worker sleeps in place of computing (one step, speed 1)."""
+
+    forward_s: tuple[float, ...]        # per unit, forward order
+    backward_s: tuple[float, ...]       # per unit, forward order
+    optimizer_s: float                  # the DDP/FSDP optimizer step (PS: the server's, real)
+    sleeper: Sleeper = dataclasses.field(default_factory=Sleeper, compare=False)
+
+
+def parse_compute_wait(value: Any) -> ComputeWait:
+    """config `compute_wait_s` -> ComputeWait, refusing anything but seconds >= 0."""
+    if not isinstance(value, dict) or not {"forward", "backward"} <= set(value):
+        raise PerfmodelError("compute_mode 'timed-wait' needs config 'compute_wait_s' = "
+                             "{\"forward\": [s per unit], \"backward\": [s per unit], "
+                             "\"optimizer\": s}")
+    lists = {}
+    for key in ("forward", "backward"):
+        v = value[key]
+        if not isinstance(v, list) or not v or not all(_seconds(x) for x in v):
+            raise PerfmodelError(f"config 'compute_wait_s.{key}' must be a list of seconds "
+                                 f">= 0, one per unit, got {v!r}")
+        lists[key] = tuple(float(x) for x in v)
+    if len(lists["forward"]) != len(lists["backward"]):
+        raise PerfmodelError("config 'compute_wait_s': forward and backward list "
+                             f"{len(lists['forward'])} and {len(lists['backward'])} units")
+    optimizer = value.get("optimizer", 0.0)
+    if not _seconds(optimizer):
+        raise PerfmodelError(f"config 'compute_wait_s.optimizer' must be seconds >= 0, "
+                             f"got {optimizer!r}")
+    return ComputeWait(forward_s=lists["forward"], backward_s=lists["backward"],
+                       optimizer_s=float(optimizer))
+
+
+def _seconds(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < float("inf")
+
+
+class _WaitInBackward(torch.autograd.Function):
+    """Identity in forward; sleeps `backward_s` when the gradient passes back through it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, backward_s: float, sleeper: Sleeper) -> torch.Tensor:
+        ctx.backward_s, ctx.sleeper = backward_s, sleeper
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.sleeper.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+def _waiting_forward(unit: torch.nn.Module, x: torch.Tensor, *, forward_s: float,
+                     backward_s: float, sleeper: Sleeper) -> torch.Tensor:
+    """A unit's forward in timed-wait mode: sleep, then a one-element output that depends on
+    one element of every parameter, behind a node that sleeps `backward_s` in backward. So
+    backward sleeps unit by unit in reverse order, and a unit's parameters get their (zero)
+    gradients right after its sleep, when DDP and FSDP hooks fire as in real training."""
+    sleeper.sleep(forward_s)
+    h = x.reshape(-1)[:1].float()
+    for p in unit.parameters():
+        h = h + p.reshape(-1)[:1] * 0.0
+    return _WaitInBackward.apply(h, backward_s, sleeper)
+
+
+@dataclass(frozen=True)
+class _TimedWaitBuild:
+    """ModelSpec.build for timed-wait mode: the real model, each unit's forward replaced."""
+
+    build_real: Any
+    wait: ComputeWait
+
+    def __call__(self) -> torch.nn.Sequential:
+        model = self.build_real()
+        units = list(model.children())
+        if len(units) != len(self.wait.forward_s):
+            raise PerfmodelError(f"config 'compute_wait_s' lists {len(self.wait.forward_s)} "
+                                 f"units but the model has {len(units)}")
+        self_wait = self.wait
+        for unit, f, b in zip(units, self.wait.forward_s, self.wait.backward_s, strict=True):
+            unit.forward = types.MethodType(
+                lambda self, x, f=f, b=b: _waiting_forward(
+                    self, x, forward_s=f, backward_s=b, sleeper=self_wait.sleeper), unit)
+        return model
+
+
+def timed_wait_spec(spec: ModelSpec, wait: ComputeWait) -> ModelSpec:
+    """`spec` whose units sleep instead of computing (module docstring); same parameters."""
+    def example_batch(batch_size: int, generator: torch.Generator):
+        return torch.zeros(batch_size, 1), torch.zeros(batch_size, dtype=torch.long)
+
+    return dataclasses.replace(
+        spec, description=f"timed wait standing in for {spec.name}",
+        build=_TimedWaitBuild(spec.build, wait), example_batch=example_batch,
+        loss=lambda outputs, targets: outputs.sum())
+
+
+def is_timed_wait(spec: ModelSpec) -> bool:
+    return isinstance(spec.build, _TimedWaitBuild)
 
 
 # ---------------------------------------------------------------- model and optimizer
@@ -190,7 +352,9 @@ def held_out_set(spec: ModelSpec, seed: int, device: str
 def evaluate(model: torch.nn.Module, spec: ModelSpec, x: torch.Tensor, y: torch.Tensor,
              chunk: int = 256) -> tuple[float, float]:
     """(accuracy, mean loss) of `model` on (x, y); accuracy = share of argmax hits (per token
-    for language models)."""
+    for language models). NaN for a timed-wait model, which computes nothing."""
+    if is_timed_wait(spec):
+        return float("nan"), float("nan")
     hits, total, loss_sum = 0, 0, 0.0
     for start in range(0, len(x), chunk):
         out = model(x[start:start + chunk])
@@ -310,7 +474,10 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
         t_backward = clock.mark()
         comm_s = comm.comm_wait_s(t0, t_backward)
         slept_s = straggler.delay(clock.seconds(t0, t_backward) - comm_s)
-        optimizer.step()
+        if settings.compute_wait is not None:
+            settings.compute_wait.sleeper.sleep(settings.compute_wait.optimizer_s)
+        else:
+            optimizer.step()
         wall_s = clock.seconds(t0, clock.mark())
         if step >= settings.warmup_steps:
             walls.append(wall_s)
@@ -327,8 +494,12 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
         spec.loss(model(x), y).backward()
         optimizer.step()
 
-    memory = measure_memory(model, optimizer, memory_step, device=ctx.device,
-                            steps=MEMORY_STEPS)
+    if settings.timed_wait:     # nothing computed: count what is held, skip the tracker
+        memory = live_memory(model, optimizer)
+        memory["method"] += " (timed-wait: no activations)"
+    else:
+        memory = measure_memory(model, optimizer, memory_step, device=ctx.device,
+                                steps=MEMORY_STEPS)
     return LoopResult(elapsed_s=elapsed_s, wall_s=tuple(walls), compute_s=tuple(computes),
                       comm_wait_s=tuple(comms), slept_s=tuple(slept), memory=memory)
 

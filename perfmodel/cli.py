@@ -18,6 +18,7 @@ COMMANDS = {
     "workloads": "List the workloads and their size.",
     "measure": "Run real torch.distributed measurements and store them (needs torch).",
     "runs": "List stored measurement runs, or export them to CSV.",
+    "compare": "Predict held-out configurations, measure them, and report the errors.",
     "calibrate": "Measure this machine or cluster and write a calibrated profile (needs torch).",
 }
 

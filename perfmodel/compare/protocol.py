@@ -1,0 +1,335 @@
+"""The held-out protocol: calibration set A, the disjoint set B, and what each B item becomes.
+
+Set A is the calibration suite of `perfmodel calibrate` (calibration/suite.py): collective
+sweeps at 2 ranks, per-unit compute timings, DDP at 2 workers with each workload's default
+batch and buckets, and a 1-worker synchronous parameter server. Its stored runs are fitted
+by calibration/from_store.py into the profile every prediction here uses.
+
+Set B (`held_out_set`) varies what set A keeps fixed, one thing at a time: the batch size,
+the DDP bucket size, the workload, FSDP full-shard and grad-op, every PS mode, stragglers
+(speed factors), a slower link (measure/netem.py's rate cap, root only) and — beyond the 2
+cores of this machine — 4 and 8 workers in the timed-wait compute mode (measure/training.py:
+each worker sleeps the calibrated compute time while communication, synchronisation and PS
+queueing stay real, as on GPUs that leave the CPU free). `check_disjoint` refuses a set B
+that shares a configuration with set A.
+
+How a B item is predicted (`scenario_for`, `model_options`):
+- the same workers, batch, speeds and steps as the run (steps = warm-up + timed steps);
+- timed-wait runs: compute cannot be slowed by communication (overlap_slowdown = 1) and has
+  no jitter; the waits are the model's own unit times (`compute_wait`), so what is tested is
+  communication, synchronisation and queueing;
+- a capped link: the ranks sit on two emulated nodes (devices_per_node = 1) joined by an
+  inter-node link of the cap's bandwidth, with the calibrated loopback latency;
+- FSDP on CPU: prefetch 0, since the measured run times each gloo collective synchronously
+  (measure/runs/fsdp.py), so no all-gather is in flight ahead of its unit;
+- ssp-ps: the measured run's staleness bound (measure's default 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfmodel.cluster import ClusterProfile, Link
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.compute import unit_times
+from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import load_workload
+
+WARMUP_STEPS = 2
+STEPS = {"full": 12, "quick": 6}        # timed steps per worker of each B run
+LINK_RATE_GBPS = 1.0                    # the slower link's cap (tc tbf), Gbit/s
+SSP_DEFAULT_BOUND = 1                   # measure/runs/ps.py's default staleness bound
+TIMEOUT_S = 300.0                       # process-group timeout of each B run
+STRATEGY_KIND = {"ddp": "ddp", "fsdp": "fsdp", "sync-ps": "ps", "async-ps": "ps",
+                 "ssp-ps": "ps"}
+PS_MODE = {"sync-ps": "sync", "async-ps": "async", "ssp-ps": "ssp"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldOut:
+    """One configuration of set B."""
+
+    key: str                            # unique, e.g. "ddp-mlp-b32"
+    what: str                           # what differs from set A, for the report
+    strategy: str                       # ddp, fsdp, sync-ps, async-ps, ssp-ps
+    workload: str
+    workers: int
+    batch_size: int | None = None       # None: the workload's
+    speed: tuple[float, ...] = ()       # relative worker speeds; () = all 1
+    options: dict[str, Any] = field(default_factory=dict)   # the measured kind's options
+    timed_wait: bool = False
+    link_rate_Gbps: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return STRATEGY_KIND[self.strategy]
+
+    @property
+    def batch(self) -> int:
+        return self.batch_size or load_workload(self.workload).batch_size
+
+    @property
+    def mode(self) -> str:
+        return "timed-wait" if self.timed_wait else "real"
+
+    @property
+    def processes(self) -> int:
+        return self.workers + (1 if self.kind == "ps" else 0)
+
+    @property
+    def label(self) -> str:
+        extra = [f"{k}={v}" for k, v in sorted(self.options.items()) if k != "mode"]
+        if self.speed:
+            extra.append("speed " + ",".join(f"{s:g}" for s in self.speed))
+        if self.link_rate_Gbps:
+            extra.append(f"link {self.link_rate_Gbps:g} Gbit/s")
+        if self.timed_wait:
+            extra.append("TIMED-WAIT")
+        return (f"{self.strategy} {self.workload} x{self.workers} b{self.batch}"
+                + (f" ({', '.join(extra)})" if extra else ""))
+
+
+def held_out_set(quick: bool = False) -> tuple[HeldOut, ...]:
+    """Set B. --quick: three 2-worker configurations (tests, a first look)."""
+    h = HeldOut
+    straggler = (1.0, 0.5)
+    if quick:
+        return (
+            h(key="ddp-mlp-b32", what="other batch size", strategy="ddp", workload="mlp",
+              workers=2, batch_size=32),
+            h(key="async-ps-mlp-straggler", what="async PS with a straggler",
+              strategy="async-ps", workload="mlp", workers=2, speed=straggler,
+              options={"mode": "async"}),
+            h(key="ddp-mlp-tw2", what="timed-wait compute", strategy="ddp", workload="mlp",
+              workers=2, timed_wait=True),
+        )
+    tw8_stragglers = (1.0,) * 6 + (0.5,) * 2
+    return (
+        # real compute, 2 workers (one per core)
+        h(key="ddp-mlp-b32", what="other batch size", strategy="ddp", workload="mlp",
+          workers=2, batch_size=32),
+        h(key="ddp-mlp-bucket1", what="other DDP bucket size (1 MiB)", strategy="ddp",
+          workload="mlp", workers=2, options={"bucket_cap_MiB": 1.0}),
+        h(key="ddp-transformer-small", what="other workload", strategy="ddp",
+          workload="transformer-small", workers=2),
+        h(key="ddp-mlp-straggler", what="straggler (speed 0.5)", strategy="ddp",
+          workload="mlp", workers=2, speed=straggler),
+        h(key="ddp-mlp-link", what=f"slower link ({LINK_RATE_GBPS:g} Gbit/s cap)",
+          strategy="ddp", workload="mlp", workers=2, link_rate_Gbps=LINK_RATE_GBPS),
+        h(key="fsdp-mlp", what="FSDP full-shard", strategy="fsdp", workload="mlp",
+          workers=2, options={"variant": "full-shard"}),
+        h(key="sync-ps-mlp", what="sync PS, 2 workers", strategy="sync-ps", workload="mlp",
+          workers=2, options={"mode": "sync"}),
+        h(key="async-ps-mlp-straggler", what="async PS with a straggler",
+          strategy="async-ps", workload="mlp", workers=2, speed=straggler,
+          options={"mode": "async"}),
+        # timed-wait compute: more workers than cores
+        h(key="ddp-mlp-tw4", what="4 workers (timed-wait)", strategy="ddp", workload="mlp",
+          workers=4, timed_wait=True),
+        h(key="ddp-mlp-tw8", what="8 workers (timed-wait)", strategy="ddp", workload="mlp",
+          workers=8, timed_wait=True),
+        h(key="fsdp-grad-op-mlp-tw4", what="FSDP grad-op, 4 workers (timed-wait)",
+          strategy="fsdp", workload="mlp", workers=4, options={"variant": "grad-op"},
+          timed_wait=True),
+        h(key="sync-ps-mlp-tw4", what="sync PS, 4 workers (timed-wait)", strategy="sync-ps",
+          workload="mlp", workers=4, options={"mode": "sync"}, timed_wait=True),
+        h(key="async-ps-mlp-tw8", what="async PS, 8 workers, 2 stragglers (timed-wait)",
+          strategy="async-ps", workload="mlp", workers=8, speed=tw8_stragglers,
+          options={"mode": "async"}, timed_wait=True),
+        h(key="ssp-ps-mlp-tw8", what="SSP (bound 2), 8 workers (timed-wait)",
+          strategy="ssp-ps", workload="mlp", workers=8,
+          options={"mode": "ssp", "staleness_bound": 2}, timed_wait=True),
+    )
+
+
+# ---------------------------------------------------------------- set A and disjointness
+
+
+def signature(kind: str, workload: str | None, workers: int, batch_size: int | None,
+              speed, options: dict, mode: str, link_rate_Gbps: float | None) -> tuple:
+    """What makes two training runs the same configuration (repeats and seeds aside)."""
+    batch = batch_size or (load_workload(workload).batch_size if workload else None)
+    opts = tuple(sorted((k, v) for k, v in (options or {}).items() if v is not None))
+    return (kind, workload, int(workers), batch, tuple(float(s) for s in speed or ()), opts,
+            mode, link_rate_Gbps)
+
+
+def held_out_signature(h: HeldOut) -> tuple:
+    return signature(h.kind, h.workload, h.workers, h.batch, h.speed, h.options, h.mode,
+                     h.link_rate_Gbps)
+
+
+def config_signature(config: dict[str, Any]) -> tuple | None:
+    """The signature of a run's config.json; None for runs that train nothing."""
+    kind = config.get("kind")
+    if kind not in ("ddp", "fsdp", "ps"):
+        return None
+    return signature(kind, config.get("workload"), config.get("workers") or 1,
+                     config.get("batch_size"), config.get("speed"),
+                     (config.get("options") or {}).get(kind, {}),
+                     config.get("compute_mode") or "real", config.get("link_rate_Gbps"))
+
+
+def check_disjoint(held_out: tuple[HeldOut, ...], calibration_configs) -> None:
+    """Refuse a set B with a configuration that set A calibrated on."""
+    a = {s for c in calibration_configs if (s := config_signature(c)) is not None}
+    shared = [h.key for h in held_out if held_out_signature(h) in a]
+    if shared:
+        raise PerfmodelError(f"held-out configuration(s) {', '.join(shared)} are also in the "
+                             f"calibration set; a held-out check must predict what was not "
+                             f"fitted")
+
+
+# ---------------------------------------------------------------- predictions
+
+
+def model_options(h: HeldOut, *, cpu: bool = True) -> dict[str, Any]:
+    """The strategy options that describe the run `h` to the model (module docstring)."""
+    o = h.options
+    if h.kind == "ddp":
+        cap, first = o.get("bucket_cap_MiB"), o.get("first_bucket_MiB")
+        if cap is None and first is None:
+            return {}
+        cap = float(cap if cap is not None else 25.0)       # torch: a set cap is the
+        return {"bucket_cap_MiB": cap,                      # first bucket too
+                "first_bucket_MiB": float(first if first is not None else cap)}
+    if h.kind == "fsdp":
+        return {"variant": o.get("variant", "full-shard"), "prefetch": 0 if cpu else 1}
+    if h.strategy == "ssp-ps":
+        return {"staleness_bound": int(o.get("staleness_bound", SSP_DEFAULT_BOUND))}
+    if h.strategy == "async-ps":
+        return {k: bool(o[k]) for k in ("staleness_aware_lr", "delay_compensation") if k in o}
+    return {}
+
+
+def cluster_for(h: HeldOut, profile: ClusterProfile) -> ClusterProfile:
+    """The profile as this run sees it: timed-wait compute, or the capped link."""
+    cluster = profile
+    if h.timed_wait:
+        cluster = dataclasses.replace(cluster, compute=dataclasses.replace(
+            cluster.compute, overlap_slowdown=1.0))
+    if h.link_rate_Gbps:
+        capped = Link(bandwidth_GBps=h.link_rate_Gbps / 8.0,
+                      latency_us=profile.intra_node.latency_us, efficiency_by_bytes=((1.0, 1.0),))
+        cluster = dataclasses.replace(cluster, devices_per_node=1, inter_node=capped)
+    return cluster
+
+
+def scenario_for(h: HeldOut, profile: ClusterProfile, *, steps: int, seed: int) -> Scenario:
+    return Scenario(cluster=cluster_for(h, profile), workload=load_workload(h.workload),
+                    workers=h.workers, batch_size=h.batch, steps=WARMUP_STEPS + steps,
+                    warmup_steps=WARMUP_STEPS, speed=h.speed,
+                    jitter="none" if h.timed_wait else "lognormal", seed=seed)
+
+
+def compute_wait(h: HeldOut, profile: ClusterProfile) -> dict[str, Any]:
+    """config `compute_wait_s` of a timed-wait run: the model's own per-unit seconds."""
+    fraction = {"ddp": 1.0, "fsdp": 1.0 / h.workers, "ps": 0.0}[h.kind]
+    t = unit_times(profile, load_workload(h.workload), h.batch,
+                   optimizer_param_fraction=fraction)
+    return {"forward": [float(x) for x in t.forward_s],
+            "backward": [float(x) for x in t.backward_s], "optimizer": float(t.optimizer_s)}
+
+
+def run_config(h: HeldOut, profile: ClusterProfile, *, steps: int, seed: int,
+               repeat: int) -> dict[str, Any]:
+    """config.json of one real run of `h` (measure/configs.py), marked as a compare run."""
+    from measure.configs import training_config
+
+    options = dict(h.options)
+    config = training_config(
+        h.kind, workers=h.workers, workload=h.workload, batch_size=h.batch, steps=steps,
+        warmup_steps=WARMUP_STEPS, speed=",".join(f"{s:g}" for s in h.speed) or None,
+        seed=seed, timeout_s=TIMEOUT_S, threads_per_worker=1, options=options)
+    if h.timed_wait:
+        config["compute_mode"] = "timed-wait"
+        config["compute_wait_s"] = compute_wait(h, profile)
+    config["compare"] = {"item": h.key, "repeat": repeat}
+    return config
+
+
+# ---------------------------------------------------------------- where set A comes from
+
+
+def check_host(calibrated_on: str, here: str, *, allow: bool, what: str) -> str | None:
+    """Refuse a calibration made on another machine (one line); with `allow`, a warning."""
+    hosts = {h.strip() for h in calibrated_on.split(",") if h.strip()}
+    if not hosts or hosts == {here}:
+        return None
+    message = (f"{what} was calibrated on {', '.join(sorted(hosts))}, not on this host "
+               f"({here}); measurements here would be compared with another machine's model")
+    if not allow:
+        raise PerfmodelError(message + ": calibrate here with `perfmodel calibrate --cluster "
+                             "local`, or pass --allow-other-host to compare anyway")
+    return "warning: " + message
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRuns:
+    """Set A as found in the store: run ids by suite item, and what is missing."""
+
+    suite: str                          # "full" or "quick"
+    ids: tuple[int, ...]
+    labels: tuple[str, ...]             # one per id, what the run measured
+    missing: tuple[str, ...]            # labels of suite items with no stored run
+    elsewhere: tuple[str, ...]          # hosts whose runs would match but are not this one
+
+
+def find_calibration_runs(stored, suite, *, host: str, any_host: bool = False
+                          ) -> CalibrationRuns:
+    """The newest successful stored run of every suite measurement, from this host (with
+    `any_host`, from any host when this one has none)."""
+    from calibration.suite import comparable
+
+    ids, labels, missing, elsewhere = [], [], [], set()
+    for m in suite:
+        want = comparable(m.config)
+        match = [r for r in stored if r.status == "ok" and r.kind == m.config["kind"]
+                 and comparable(r.config) == want]
+        here = [r for r in match if r.host == host] or (match if any_host else [])
+        if here:
+            ids.append(here[-1].id)
+            labels.append(m.label)
+        else:
+            missing.append(m.label)
+            elsewhere |= {r.host for r in match if r.host}
+    return CalibrationRuns(suite="", ids=tuple(ids), labels=tuple(labels),
+                           missing=tuple(missing), elsewhere=tuple(sorted(elsewhere)))
+
+
+def calibration_set(stored, cluster: str, *, host: str, any_host: bool = False,
+                    kind: str = "cpu", seed: int = 0) -> tuple[CalibrationRuns, tuple]:
+    """Set A: the full suite's runs if all are stored, else the quick suite's; else the
+    full suite with what is missing. Returns (runs, the suite's configs)."""
+    from calibration.suite import build_suite
+
+    best = None
+    for name in ("full", "quick"):
+        suite = build_suite(kind, suite=cluster, quick=name == "quick", seed=seed)
+        found = dataclasses.replace(
+            find_calibration_runs(stored, suite, host=host, any_host=any_host), suite=name)
+        if not found.missing:
+            return found, tuple(m.config for m in suite)
+        if best is None:
+            best = (found, tuple(m.config for m in suite))
+    return best
+
+
+def missing_calibration_message(found: CalibrationRuns, cluster: str, store_path,
+                                here: str) -> str:
+    if found.elsewhere and not found.ids:
+        return (f"the calibration runs for '{cluster}' in {store_path} were measured on "
+                f"{', '.join(found.elsewhere)}, not on this host ({here}); a comparison needs "
+                f"them from this machine: run `perfmodel calibrate --cluster {cluster} --db "
+                f"{store_path}` here (or pass --calibrate)")
+    shown = ", ".join(found.missing[:3]) + (" ..." if len(found.missing) > 3 else "")
+    return (f"the store {store_path} lacks {len(found.missing)} calibration run(s) for "
+            f"'{cluster}' ({shown}); measure them with `perfmodel calibrate --cluster {cluster} "
+            f"--db {store_path}` (or pass --calibrate to measure them now)")
+
+
+def today() -> str:
+    return dt.date.today().isoformat()

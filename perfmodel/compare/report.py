@@ -1,0 +1,255 @@
+"""The report folder: report.md for people, comparisons.csv and comparisons.json for
+machines, all from the same Comparison rows, so the three always agree (tests check it).
+
+Number formats in report.md (the CSV keeps full precision): throughput samples/s with 1
+decimal, step time ms with 2, memory MiB with 1, staleness with 2, errors and spreads in %
+with 1 decimal. Targets (issue 5) are judged on the held-out configurations as they are:
+none is dropped for being hard.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from perfmodel.compare.matching import QUANTITIES, Comparison, Headline, headline
+
+MiB = 2**20
+# quantity -> (median target, max target or None); issue 5
+TARGETS = {"step_time": (0.05, 0.15), "throughput": (0.05, 0.15), "peak_memory": (0.10, None),
+           "staleness_mean": (0.10, None)}
+NAMES = {"throughput": "throughput", "step_time": "step time", "peak_memory": "peak memory",
+         "staleness_mean": "PS mean staleness"}
+UNITS = {"throughput": ("samples/s", 1.0, 1), "step_time": ("ms", 1e3, 2),
+         "peak_memory": ("MiB", 1 / MiB, 1), "staleness_mean": ("", 1.0, 2)}
+CSV_FIELDS = ("predicted", "measured", "low", "high", "error", "spread", "inside")
+
+
+def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value * scale:,.{digits}f}"
+
+
+def pct(value: float | None, sign: bool = True) -> str:
+    if value is None:
+        return "–"
+    return f"{value * 100:+.1f} %" if sign else f"{value * 100:.1f} %"
+
+
+# ---------------------------------------------------------------- CSV and JSON
+
+
+def row_values(r: Comparison) -> dict[str, Any]:
+    """One configuration as a flat dict: the CSV row (and a JSON entry)."""
+    out: dict[str, Any] = {"key": r.key, "label": r.label, "what": r.what,
+                           "strategy": r.strategy, "mode": r.mode, "workers": r.workers,
+                           "runs": " ".join(map(str, r.run_ids)),
+                           "failed_runs": " ".join(str(i) for i, _ in r.failed)}
+    for q in QUANTITIES:
+        v = r.quantities[q]
+        values = {"predicted": v.predicted, "measured": v.measured, "low": v.low,
+                  "high": v.high, "error": v.error, "spread": v.spread, "inside": v.inside}
+        out |= {f"{q}_{k}": values[k] for k in CSV_FIELDS}
+    out["staleness_w1"] = r.staleness_w1
+    for k, v in r.predicted_breakdown.items():
+        out[f"predicted_{k}"] = v
+    for k in ("compute_s", "comm_wait_s"):
+        out[f"measured_{k}"] = r.measured_breakdown.get(k)
+    out["diagnosis"] = r.diagnosis
+    return out
+
+
+def write_csv(rows: Sequence[Comparison], path: Path) -> None:
+    flat = [row_values(r) for r in rows]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["key"])
+        writer.writeheader()
+        for row in flat:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+def headlines(rows: Sequence[Comparison]) -> dict[str, dict[str, Headline]]:
+    """quantity -> {"all", "real", "timed-wait"} -> Headline."""
+    return {q: {"all": headline(rows, q), "real": headline(rows, q, "real"),
+                "timed-wait": headline(rows, q, "timed-wait")} for q in QUANTITIES}
+
+
+def target_verdict(q: str, h: Headline) -> tuple[bool | None, str]:
+    """(met?, the target as words)."""
+    median_t, max_t = TARGETS[q]
+    words = f"median ≤ {median_t:.0%}" + (f", max ≤ {max_t:.0%}" if max_t else "")
+    if h.count == 0:
+        return None, words
+    met = h.median_abs <= median_t and (max_t is None or h.max_abs <= max_t)
+    return met, words
+
+
+def write_json(meta: dict[str, Any], rows: Sequence[Comparison], figures: dict[str, Any],
+               torch_points: Sequence[dict[str, Any]], path: Path) -> None:
+    heads = headlines(rows)
+    doc = {
+        "meta": meta,
+        "headline": {q: {k: vars_of(h) | {"target_met": target_verdict(q, h)[0]}
+                         for k, h in by.items()} for q, by in heads.items()},
+        "comparisons": [row_values(r) | {
+            "failed": [{"run_id": i, "reason": why} for i, why in r.failed],
+            "measured_staleness": list(r.measured_staleness),
+            "predicted_staleness": list(r.predicted_staleness)} for r in rows],
+        "torch_memory": list(torch_points),
+        "figures": figures,
+    }
+    path.write_text(json.dumps(doc, indent=1, default=_plain) + "\n", encoding="utf-8")
+
+
+def vars_of(h: Headline) -> dict[str, Any]:
+    return {k: getattr(h, k) for k in h.__dataclass_fields__}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, tuple | set):
+        return list(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def table(rows: Sequence[Comparison]) -> list[str]:
+    """The table of every configuration: predicted | measured median [min–max] | error."""
+    head = ["config", "mode", "runs"]
+    for q in QUANTITIES:
+        unit = UNITS[q][0]
+        name = NAMES[q] + (f" ({unit})" if unit else "")
+        head += [f"{name} pred", f"{name} meas [min–max]", f"{name} err"]
+    head.append("staleness W1")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.key, r.mode, f"{len(r.run_ids)}" + (f" (+{len(r.failed)} failed)"
+                                                      if r.failed else "")]
+        for q in QUANTITIES:
+            v = r.quantities[q]
+            _, scale, digits = UNITS[q]
+            meas = fmt(v.measured, scale, digits)
+            if v.measured is not None:
+                meas += f" [{fmt(v.low, scale, digits)}–{fmt(v.high, scale, digits)}]"
+            err = pct(v.error)
+            if v.inside is False:
+                err += " ◦"
+            cells += [fmt(v.predicted, scale, digits), meas, err]
+        cells.append(fmt(r.staleness_w1, 1.0, 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
+    """(the headline table, one line per missed target)."""
+    heads = headlines(rows)
+    lines = ["| quantity | configs | median abs error | max abs error (config) | target | met? "
+             "| inside 90 % interval | noise floor (median spread of repeats) |",
+             "|---|---|---|---|---|---|---|---|"]
+    missed = []
+    for q in QUANTITIES:
+        for scope in ("all", "real", "timed-wait"):
+            h = heads[q][scope]
+            if h.count == 0 or (scope != "all" and heads[q]["all"].count == h.count):
+                continue
+            met, words = target_verdict(q, h)
+            name = NAMES[q] + ("" if scope == "all" else f" — {scope} only")
+            inside = f"{h.inside} of {h.with_interval}" if h.with_interval else "no interval"
+            lines.append(f"| {name} | {h.count} | {pct(h.median_abs, False)} | "
+                         f"{pct(h.max_abs, False)} ({h.worst}) | {words} | "
+                         f"{'yes' if met else 'NO'} | {inside} | "
+                         f"{pct(h.noise_median, False)} |")
+            if scope == "all" and met is False:
+                missed.append(f"{NAMES[q]}: median {pct(h.median_abs, False)}, max "
+                              f"{pct(h.max_abs, False)} ({h.worst}) against {words}")
+    return lines, missed
+
+
+def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Comparison],
+                   figures: dict[str, Any], torch_rows: Sequence[dict[str, Any]],
+                   why_missed: Sequence[str]) -> None:
+    heads, missed = headline_lines(rows)
+    m = meta
+    out = [f"# perfmodel compare: `{m['cluster']}`, {m['date']} — predicted vs measured on "
+           f"held-out configurations", "",
+           "Produced by this command (run from the repository root):", "",
+           "```", m["command"], "```", "",
+           f"Host {m['host']} ({m['hardware']}), {m['versions']}; {m['wall_s'] / 60:.1f} min "
+           f"in all. 1-minute load average before the runs: {m['load_range']} (the 2 cores "
+           f"may be shared with other work, which adds to the measured spread).", "",
+           "## Headline", ""] + heads + [""]
+    if missed:
+        out += ["**Targets missed** (issue 5; no configuration was left out to look better):",
+                ""] + [f"- {line}" for line in missed] + [""]
+        out += [f"- why: {w}" for w in why_missed] + ([""] if why_missed else [])
+    else:
+        out += ["Every target of issue 5 is met on these configurations.", ""]
+    out += ["## Protocol", ""] + [f"- {line}" for line in m["protocol"]] + [""]
+    if m.get("skipped"):
+        out += ["Skipped configurations:", ""] + [f"- `{k}`: {why}" for k, why in
+                                                  m["skipped"].items()] + [""]
+    failed = [(r.key, i, why) for r in rows for i, why in r.failed]
+    if failed:
+        out += ["Failed runs, left out of every number above (not averaged in):", ""]
+        out += [f"- `{k}` run {i}: {why}" for k, i, why in failed] + [""]
+    out += ["## Every configuration", "",
+            "Predicted, measured median over the repeats with [min–max], and error = "
+            "(predicted − measured) / measured. ◦ marks a measured median outside the "
+            "prediction's 90 % interval. Memory is not compared for timed-wait runs (their "
+            "model computes nothing); staleness only for parameter servers. Full precision: "
+            "comparisons.csv.", ""] + table(rows) + [""]
+    out += ["What each configuration changes from the calibration set:", ""]
+    out += [f"- `{r.key}`: {r.what} — {r.label}" for r in rows] + [""]
+    diagnosed = [r for r in rows if r.diagnosis]
+    out += ["## Where the model is off by more than 15 %", ""]
+    out += ([f"- `{r.key}`: {r.diagnosis}" for r in diagnosed] or
+            ["No configuration: every step-time and throughput error is within 15 %."])
+    out += ["", "Measured breakdown: compute = forward + backward + optimizer (+ straggler "
+            "sleep); communication + waiting = the time the training loop stood still for "
+            "communication (DDP: after the last bucket was ready; FSDP: inside its "
+            "collectives; PS worker: push to reply). The model splits that time into exposed "
+            "communication and waiting for other workers.", ""]
+    out += ["## Figures", ""]
+    captions = {
+        "scatter": "Predicted against measured (bars: min–max of repeats; dotted: ±15 %).",
+        "scaling": "Throughput against workers: the model's line, measured points "
+                   "(hollow: timed-wait).",
+        "memory": "Peak memory per worker by part: model (left) and measured (right).",
+        "staleness": "Staleness distributions: model (line) over measured (bars).",
+        "timeline": "One simulated steady step per worker and the transfers on the links, "
+                    "beside the measured mean step breakdown.",
+        "torch_memory": "Peak memory per rank of GPT-2 XL at scale: perfmodel against "
+                        "PyTorch's own estimate.",
+    }
+    for name, info in figures.items():
+        out += [f"![{name}]({info['file']})", "", captions.get(name, ""), ""]
+    out += ["## Peak memory at scale: perfmodel vs PyTorch's own estimate", ""]
+    if torch_rows:
+        out += [m["torch_memory_note"], "",
+                "| job | ranks | perfmodel (GiB) | PyTorch (GiB) | error | PyTorch's parts at "
+                "its peak (GiB: params / grads / optimizer / activations / other) |",
+                "|---|---|---|---|---|---|"]
+        for t in torch_rows:
+            parts = " / ".join(f"{t['torch_parts'][k] / 2**30:.2f}" for k in
+                               ("params", "grads", "optimizer", "activations", "other"))
+            err = (t["model_bytes"] - t["torch_bytes"]) / t["torch_bytes"]
+            out.append(f"| {t['label']} | {t['ranks']} | {t['model_bytes'] / 2**30:.2f} | "
+                       f"{t['torch_bytes'] / 2**30:.2f} | {pct(err)} | {parts} |")
+        out.append("")
+    else:
+        out += [m.get("torch_memory_note") or "Not computed in this run.", ""]
+    out += ["## Files", "",
+            "- `predictions.json`: every prediction, written before the first run started.",
+            "- `comparisons.csv`, `comparisons.json`: the table above at full precision (the "
+            "JSON also holds each figure's plotted numbers and the headline).",
+            "- `profile.toml`: the profile fitted from calibration set A and used for every "
+            "prediction.", ""]
+    path.write_text("\n".join(out), encoding="utf-8")

@@ -1,0 +1,191 @@
+"""The steps of one comparison: predict set B, measure it, and pair runs with predictions.
+
+Predictions come first and are plain JSON-able dicts (`predicted_record`), written to the
+report folder before any run starts, so nothing measured can leak into them. Runs are
+interleaved (every configuration once, then every one again, ...) so that a change in the
+machine's load over the session spreads over all configurations instead of hitting one.
+The 1-minute load average before each run is kept: this machine's 2 cores may be shared.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from calibration.uncertainty import CalibrationErrors, prediction_interval
+from perfmodel.cluster import ClusterProfile
+from perfmodel.compare.matching import (
+    MEMORY_PARTS,
+    Comparison,
+    compare,
+    steady_staleness,
+    steady_throughput,
+)
+from perfmodel.compare.protocol import (
+    WARMUP_STEPS,
+    HeldOut,
+    model_options,
+    run_config,
+    scenario_for,
+)
+from perfmodel.errors import PerfmodelError
+from perfmodel.predict import Prediction, predict
+
+TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
+
+
+def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
+                     ) -> dict[str, Any]:
+    """Everything the report needs from one prediction, as plain JSON-able values."""
+    s = p.summary
+    worker = p.memory["worker"]
+    other = worker.comm_buffers_bytes + worker.framework_bytes + worker.overhead_bytes
+    parts = {"params": worker.params_bytes, "grads": worker.grads_bytes,
+             "optimizer": worker.optimizer_bytes, "activations": worker.activations_bytes,
+             "other": other}
+    interval = None
+    if errors is not None:
+        c = min(max(s.compute_s / s.step_time_s.mean, 0.0), 1.0)
+        iv = prediction_interval(s.step_time_s.mean, network_rms_rel=errors.network_rms_rel,
+                                 compute_rms_rel=errors.compute_rms_rel,
+                                 run_spread_cv=errors.run_spread_cv, compute_share=c,
+                                 network_share=1.0 - c)
+        interval = {"low": iv.low_s, "high": iv.high_s, "coverage": iv.coverage}
+    ps = h.kind == "ps"
+    tau = steady_staleness(p.result.updates, WARMUP_STEPS) if ps else np.zeros(0)
+    return {
+        "key": h.key, "label": h.label, "what": h.what, "strategy": h.strategy,
+        "kind": h.kind, "mode": h.mode, "workload": h.workload, "workers": h.workers,
+        "batch_size": h.batch, "speed": list(h.speed), "link_rate_Gbps": h.link_rate_Gbps,
+        "model_options": p.options, "seed": p.scenario.seed, "steps": p.scenario.steps,
+        "throughput_samples_per_s": (steady_throughput(p.result.updates, WARMUP_STEPS, h.batch)
+                                     if ps else None) or s.throughput_samples_per_s,
+        "step_time_s": s.step_time_s.mean,
+        "breakdown": {"compute_s": s.compute_s, "comm_exposed_s": s.comm_exposed_s,
+                      "wait_s": s.wait_s},
+        "step_time_interval_s": interval,
+        "peak_memory_bytes": worker.peak_bytes,
+        "memory_parts": {k: float(parts[k]) for k in MEMORY_PARTS},
+        "staleness_values": [float(v) for v in tau],
+        "staleness_mean": float(tau.mean()) if tau.size else None,
+        "timeline": timeline(p),
+    }
+
+
+def timeline(p: Prediction) -> dict[str, Any]:
+    """Two steady steps of the simulation: each worker's compute / exposed comm / wait, and
+    the transfers on the links in that window (for the timeline figure)."""
+    steps = [r for r in p.result.steps if r.step >= WARMUP_STEPS]
+    if not steps:
+        return {"window": [0.0, 0.0], "steps": [], "comms": []}
+    if p.scenario.workers == 1 or STRATEGY_SYNC.get(p.strategy, False):
+        first = min(r.step for r in steps)
+        chosen = [r for r in steps if first <= r.step < first + TIMELINE_STEPS]
+        t0, t1 = min(r.start_s for r in chosen), max(r.end_s for r in chosen)
+    else:                       # async: a window as long as two mean steps
+        t0 = min(r.start_s for r in steps)
+        t1 = t0 + TIMELINE_STEPS * float(np.mean([r.end_s - r.start_s for r in steps]))
+        chosen = [r for r in steps if r.start_s < t1 and r.end_s > t0]
+    comms = [c for c in p.result.comms if c.end_s > t0 and c.start_s < t1
+             and c.link in ("", "intra_node", "inter_node", "server0")]
+    return {"window": [t0, t1],
+            "steps": [[r.worker, r.start_s, r.compute_s, r.comm_exposed_s, r.wait_s]
+                      for r in chosen],
+            "comms": [[c.kind, c.worker, c.start_s, c.end_s] for c in comms]}
+
+
+STRATEGY_SYNC = {"ddp": True, "fsdp": True, "sync-ps": True}
+
+
+def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,
+                errors: CalibrationErrors | None, *, steps: int, seed: int,
+                cpu: bool = True) -> list[dict[str, Any]]:
+    out = []
+    for h in held_out:
+        p = predict(h.strategy, scenario_for(h, profile, steps=steps, seed=seed),
+                    **model_options(h, cpu=cpu))
+        out.append(predicted_record(h, p, errors))
+    return out
+
+
+@dataclass
+class Measurements:
+    """Run ids per configuration key, what failed, what was skipped, and the machine load."""
+
+    ok: dict[str, list[int]] = field(default_factory=dict)
+    failed: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    load: dict[int, float] = field(default_factory=dict)     # run id -> 1-min load average
+
+
+def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
+                repeats: int, steps: int, seed: int, max_time_s: float | None,
+                progress: Callable[[str, int], Callable[[int], None]],
+                finished: Callable[[str], None]) -> Measurements:
+    """Run every configuration `repeats` times, interleaved; store each run at once.
+
+    `progress(label, total)` starts one run's progress and returns its update callback;
+    `finished(line)` reports the run. A failed run is stored, listed and not retried; Ctrl-C
+    stores the run and raises KeyboardInterrupt.
+    """
+    from measure.launch import launch
+
+    found = Measurements()
+    for repeat in range(1, repeats + 1):
+        for h in held_out:
+            if h.key in found.skipped:
+                continue
+            if h.link_rate_Gbps and os.geteuid() != 0:
+                found.skipped[h.key] = ("the link-rate cap needs root (network namespaces and "
+                                        "tc); this session is not root")
+                continue
+            config = run_config(h, profile, steps=steps, seed=seed, repeat=repeat)
+            update = progress(f"{h.key} ({repeat}/{repeats})", steps)
+            load = os.getloadavg()[0]
+            try:
+                if h.link_rate_Gbps:
+                    from measure.netem import launch_capped
+                    result = launch_capped(config, h.processes, h.link_rate_Gbps,
+                                           progress=update, timeout_s=max_time_s)
+                else:
+                    result = launch(config, h.processes, progress=update,
+                                    oversubscribe=h.timed_wait, timeout_s=max_time_s)
+            except PerfmodelError as e:
+                found.skipped[h.key] = str(e)
+                finished(f"{h.key}: skipped: {e}")
+                continue
+            run_id = store.ingest(result.run_dir, result.status, result.reason)
+            found.load[run_id] = load
+            if result.ok:
+                found.ok.setdefault(h.key, []).append(run_id)
+            else:
+                found.failed.setdefault(h.key, []).append((run_id, result.reason))
+            finished(f"{h.key} ({repeat}/{repeats}): run {run_id}, {result.wall_s:.0f} s"
+                     + ("" if result.ok else f", FAILED: {result.reason}"))
+            if result.interrupted:
+                raise KeyboardInterrupt
+    return found
+
+
+def collect(store, predictions: list[dict[str, Any]], ok: dict[str, list[int]],
+            failed: dict[str, list[tuple[int, str]]]) -> list[Comparison]:
+    """Pair each prediction with its runs. A run stored as ok but without step records is
+    treated as failed."""
+    rows = []
+    for pred in predictions:
+        key = pred["key"]
+        runs, bad = [], list(failed.get(key, []))
+        for run_id in ok.get(key, []):
+            run = store.get_run(run_id)
+            if run.row.status != "ok":
+                bad.append((run_id, run.row.reason or "failed"))
+            elif not [s for s in run.table("steps")]:
+                bad.append((run_id, "no step records"))
+            else:
+                runs.append(run)
+        rows.append(compare(key, pred, runs, bad, warmup_steps=WARMUP_STEPS))
+    return rows
