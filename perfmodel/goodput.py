@@ -54,9 +54,10 @@ SCHEDULING_OF = {"ddp": "gang", "fsdp": "gang", "async-ps": "async", "ssp-ps": "
 SERIES_BINS = 200               # points of the throughput-over-time series
 DOWN_STATES = ("detecting", "restarting")
 # Relative spread of one restart on a shared machine: process start, torch import, data load.
-# Restarts seen here on 2 loaded cores: 13.5 and 14.6 s in one run; DESIGN.md sees ±15–20 %
-# between runs for step times. log-normal, so the 90 % interval is x/÷ exp(1.645 x 0.25).
-RECOVERY_SPREAD_CV = 0.25
+# Restarts seen here on 2 loaded cores: 13.5 and 14.6 s in one run, but 51 s against a 22 s
+# forecast in a CI run at load 4-7 (torch import at restart took 19 s): a 2.3x swing, so
+# log-normal with σ = 0.6, a 90 % interval of x/÷ exp(1.645 x 0.6) = 2.7.
+RECOVERY_SPREAD_CV = 0.6
 _EVENT = re.compile(r"^\s*(\w+)\s*:\s*(\d+)\s*@\s*([0-9.eE+-]+)\s*([smh]?)\s*$")
 _SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -9,7 +9,8 @@ What is checked, and where it comes from:
   interval, predicted from what the first attempt measured BEFORE the kill: its step time,
   checkpoint write time and start-up time, plus torchrun's monitor interval and rendezvous
   last call (perfmodel.goodput.predict_recovery; the interval is log-normal with relative
-  spread RECOVERY_SPREAD_CV = 0.25, i.e. x/÷ 1.51 around the point).
+  spread RECOVERY_SPREAD_CV = 0.6, i.e. x/÷ 2.7 around the point, from restarts seen on
+  this loaded 2-core host).
 - A parameter server keeps applying updates while a worker is gone, and a joiner that pulls
   the parameters trains on (Li et al., OSDI 2014, sec. 4.3).
 
