@@ -66,13 +66,22 @@ def command(strategy, workers, allow_oom, as_json, **kwargs):
         from perfmodel.goodput import predict_elasticity
 
         elasticity = predict_elasticity(p, elastic)
+    accuracy = None
+    if strategy.endswith("-ps"):    # staleness's accuracy cost (perfmodel/accuracy/)
+        from perfmodel.accuracy.cost import for_prediction, render_lines
+
+        accuracy = for_prediction(p)
     if as_json:
         out = p.to_json()
+        if accuracy is not None:
+            out["accuracy"] = accuracy.to_json()
         if elasticity is not None:
             out["elasticity"] = elasticity.to_json()
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(render(p))
+        if accuracy is not None:
+            click.echo("\n".join(render_lines(accuracy)))
         if elasticity is not None:
             from perfmodel.goodput import render_elasticity
 
