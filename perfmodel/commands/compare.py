@@ -118,7 +118,9 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
     report.write_json(meta, rows, drawn, torch_rows, out / "comparisons.json")
     report.write_markdown(out / "report.md", meta=meta, rows=rows, figures=drawn,
                           torch_rows=torch_rows,
-                          why_missed=summary.why_missed(rows, list(found.load.values())))
+                          why_missed=summary.why_missed(
+                              rows, list(found.load.values()),
+                              overlap_slowdown=profile.compute.overlap_slowdown))
     heads, missed = report.headline_lines(rows)
     if as_json:
         click.echo(json.dumps({"report": str(out / "report.md"), "missed": missed,
@@ -150,6 +152,10 @@ def _profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: s
         ids = [int(i) for i in (data.get("calibration") or {}).get("run_ids", [])]
         stored = {r.id: r for r in store.list_runs()}
         configs = [stored[i].config for i in ids if i in stored]
+        if len(configs) < len(ids) or not ids:     # not in this store: the suite's own
+            from calibration.suite import build_suite
+            configs += [m.config for q in (False, True)
+                        for m in build_suite("cpu", suite=cluster, quick=q)]
         set_a = {"source": f"the runs behind {profile_path}", "ids": ids, "labels": []}
         return data, set_a, configs, notes
     found, configs = protocol.calibration_set(store.list_runs(), cluster, host=here,

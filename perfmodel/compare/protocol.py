@@ -139,9 +139,10 @@ def held_out_set(quick: bool = False) -> tuple[HeldOut, ...]:
         h(key="async-ps-mlp-tw8", what="async PS, 8 workers, 2 stragglers (timed-wait)",
           strategy="async-ps", workload="mlp", workers=8, speed=tw8_stragglers,
           options={"mode": "async"}, timed_wait=True),
-        h(key="ssp-ps-mlp-tw8", what="SSP (bound 2), 8 workers (timed-wait)",
-          strategy="ssp-ps", workload="mlp", workers=8,
-          options={"mode": "ssp", "staleness_bound": 2}, timed_wait=True),
+        h(key="ssp-ps-mlp-tw4-straggler", what="SSP (bound 1), 4 workers, a straggler "
+          "(timed-wait)", strategy="ssp-ps", workload="mlp", workers=4,
+          speed=(1.0, 1.0, 1.0, 0.5), options={"mode": "ssp", "staleness_bound": 1},
+          timed_wait=True),
     )
 
 
