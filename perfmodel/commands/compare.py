@@ -57,7 +57,10 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
     from it, varies batch size, buckets, workload, FSDP variant, every PS mode, stragglers, a
     capped link (root only) and, beyond this machine's cores, 4-8 workers whose compute is a
     timed wait (labelled TIMED-WAIT). Set B is predicted first, then measured --repeats
-    times. The report (report.md, PNG figures, comparisons.csv/json) goes to --out.
+    times. Without --quick, elastic runs follow: one DDP run with a killed rank calibrates
+    detection, restart and checkpoint costs; a DDP run with two kills and a PS run that a
+    worker leaves and a standby joins are predicted from them, then measured. The report
+    (report.md, PNG figures, comparisons.csv/json) goes to --out.
 
     \b
     Examples:
@@ -93,13 +96,20 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
     if predict_only:
         click.echo(f"wrote {len(predictions)} predictions to {out / 'predictions.json'}")
         return
-    with RunProgress(len(held_out) * repeats * steps, hidden=as_json) as bar:
+    from perfmodel.compare import elastic, elastic_run
+
+    elastic_steps = 0 if quick else elastic.CALIBRATION.steps + repeats * sum(
+        i.steps for i in elastic.HELD_OUT)
+    with RunProgress(len(held_out) * repeats * steps + elastic_steps, hidden=as_json) as bar:
         found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps,
                                 seed=seed, max_time_s=max_time_s, progress=bar.start,
                                 finished=bar.finish)
+        membership = None if quick else elastic_run.run_all(
+            profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
+            progress=bar.start, finished=bar.finish)
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
-    from perfmodel.compare import figures, report, summary
+    from perfmodel.compare import elastic_report, figures, report, summary
 
     torch_rows, torch_note = summary.torch_memory_rows(
         None if quick and torch_memory is None else (torch_memory or "8,64"))
@@ -114,14 +124,22 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
         command=command_line, cluster=cluster, data=data, here=here, set_a=set_a,
         held_out=held_out, repeats=repeats, steps=steps, seed=seed, found=found,
         notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
+    elastic_lines: list[str] = []
+    if membership is not None:
+        if membership["measured"][elastic.HELD_OUT[0].key]:
+            drawn["elastic"] = elastic_report.figure(membership, out)
+        elastic_lines = elastic_report.markdown(
+            membership, drawn.get("elastic", {}).get("file"))
     report.write_csv(rows, out / "comparisons.csv")
-    report.write_json(meta, rows, drawn, torch_rows, out / "comparisons.json")
+    report.write_json(meta, rows, drawn, torch_rows, out / "comparisons.json",
+                      elastic=membership)
     report.write_markdown(out / "report.md", meta=meta, rows=rows, figures=drawn,
-                          torch_rows=torch_rows,
+                          torch_rows=torch_rows, elastic_lines=elastic_lines,
                           why_missed=summary.why_missed(
                               rows, list(found.load.values()),
                               overlap_slowdown=profile.compute.overlap_slowdown))
     heads, missed = report.headline_lines(rows)
+    heads += elastic_report.headline(membership) if membership else []
     if as_json:
         click.echo(json.dumps({"report": str(out / "report.md"), "missed": missed,
                                "wall_s": time.monotonic() - started}, indent=2))

@@ -90,7 +90,8 @@ def target_verdict(q: str, h: Headline) -> tuple[bool | None, str]:
 
 
 def write_json(meta: dict[str, Any], rows: Sequence[Comparison], figures: dict[str, Any],
-               torch_points: Sequence[dict[str, Any]], path: Path) -> None:
+               torch_points: Sequence[dict[str, Any]], path: Path, *,
+               elastic: dict[str, Any] | None = None) -> None:
     heads = headlines(rows)
     doc = {
         "meta": meta,
@@ -103,6 +104,8 @@ def write_json(meta: dict[str, Any], rows: Sequence[Comparison], figures: dict[s
         "torch_memory": list(torch_points),
         "figures": figures,
     }
+    if elastic is not None:
+        doc["elastic"] = elastic
     path.write_text(json.dumps(doc, indent=1, default=_plain) + "\n", encoding="utf-8")
 
 
@@ -175,7 +178,7 @@ def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
 
 def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Comparison],
                    figures: dict[str, Any], torch_rows: Sequence[dict[str, Any]],
-                   why_missed: Sequence[str]) -> None:
+                   why_missed: Sequence[str], elastic_lines: Sequence[str] = ()) -> None:
     heads, missed = headline_lines(rows)
     m = meta
     out = [f"# perfmodel compare: `{m['cluster']}`, {m['date']} — predicted vs measured on "
@@ -217,6 +220,7 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             "communication (DDP: after the last bucket was ready; FSDP: inside its "
             "collectives; PS worker: push to reply). The model splits that time into exposed "
             "communication and waiting for other workers.", ""]
+    out += list(elastic_lines)
     out += ["## Figures", ""]
     captions = {
         "scatter": "Predicted against measured (bars: min–max of repeats; dotted: ±15 %).",
@@ -229,7 +233,7 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
         "torch_memory": "Peak memory per rank of GPT-2 XL at scale: perfmodel against "
                         "PyTorch's own estimate.",
     }
-    for name, info in figures.items():
+    for name, info in ((k, v) for k, v in figures.items() if k != "elastic"):
         out += [f"![{name}]({info['file']})", "", captions.get(name, ""), ""]
     out += ["## Peak memory at scale: perfmodel vs PyTorch's own estimate", ""]
     if torch_rows:
@@ -251,5 +255,7 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             "- `comparisons.csv`, `comparisons.json`: the table above at full precision (the "
             "JSON also holds each figure's plotted numbers and the headline).",
             "- `profile.toml`: the profile fitted from calibration set A and used for every "
-            "prediction.", ""]
+            "prediction.",
+            "- `elastic_predictions.json` (without --quick): the elastic runs' predictions, "
+            "written after the elastic calibration run and before the held-out ones.", ""]
     path.write_text("\n".join(out), encoding="utf-8")
