@@ -1,15 +1,17 @@
-"""A grid of predictions (strategies x worker counts) as rows, a CSV and a plot."""
+"""A grid of predictions (strategies x worker counts) as rows, a CSV and a plot; with
+membership events or a failure rate, goodput too and a plot of throughput over time."""
 
 from __future__ import annotations
 
 import csv
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from perfmodel.predict import Prediction, predict
+from perfmodel.sim.elastic import ElasticConfig
 from perfmodel.sim.scenario import Scenario
 
 GIB = 2**30
@@ -28,6 +30,13 @@ class SweepRow:
     peak_memory_GiB: float
     oom: bool
     staleness_mean: float
+    # with elasticity options (perfmodel/goodput.py); None without
+    goodput_samples_per_s: float | None = None
+    goodput_fraction: float | None = None
+    time_lost_to_restarts_s: float | None = None
+    lost_work_s: float | None = None
+    series_t_s: tuple[float, ...] = field(default=(), repr=False)    # throughput over time
+    series_samples_per_s: tuple[float, ...] = field(default=(), repr=False)
 
     @staticmethod
     def of(p: Prediction) -> SweepRow:
@@ -42,22 +51,40 @@ class SweepRow:
             staleness_mean=s.staleness.mean)
 
 
+def with_elasticity(row: SweepRow, p: Prediction, config: ElasticConfig) -> SweepRow:
+    from perfmodel.goodput import predict_elasticity
+
+    s = predict_elasticity(p, config).summary
+    return replace(row, goodput_samples_per_s=s.goodput_samples_per_s,
+                   goodput_fraction=(s.goodput_samples_per_s / s.throughput_samples_per_s
+                                     if s.throughput_samples_per_s > 0 else 0.0),
+                   time_lost_to_restarts_s=s.time_lost_to_restarts_s,
+                   lost_work_s=s.lost_work_s, series_t_s=s.series_t_s,
+                   series_samples_per_s=s.series_samples_per_s)
+
+
 def run_sweep(scenarios: Iterable[Scenario], strategies: Iterable[str],
               options: dict[str, dict[str, Any]] | None = None,
-              progress: Callable[[], None] = lambda: None) -> list[SweepRow]:
+              progress: Callable[[], None] = lambda: None,
+              elastic: ElasticConfig | None = None) -> list[SweepRow]:
     """Predict every (strategy, scenario) pair, strategy-major; `options` maps a strategy
-    to its options."""
+    to its options. With `elastic`, each row also gets its goodput under those membership
+    events (the same events or failure draws at every point: common random numbers)."""
     rows = []
     for strategy in strategies:
         for scenario in scenarios:
-            rows.append(SweepRow.of(predict(strategy, scenario, **(options or {}).get(
-                strategy, {}))))
+            p = predict(strategy, scenario, **(options or {}).get(strategy, {}))
+            row = SweepRow.of(p)
+            rows.append(row if elastic is None else with_elasticity(row, p, elastic))
             progress()
     return rows
 
 
+SERIES_FIELDS = ("series_t_s", "series_samples_per_s")
+
+
 def write_csv(rows: list[SweepRow], path: Path) -> None:
-    fields = list(SweepRow.__dataclass_fields__)
+    fields = [f for f in SweepRow.__dataclass_fields__ if f not in SERIES_FIELDS]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -66,7 +93,8 @@ def write_csv(rows: list[SweepRow], path: Path) -> None:
 
 
 def write_json(rows: list[SweepRow], path: Path, meta: dict[str, Any]) -> None:
-    data = {"meta": meta, "rows": [{k: getattr(r, k) for k in SweepRow.__dataclass_fields__}
+    data = {"meta": meta, "rows": [{k: (list(v) if isinstance(v := getattr(r, k), tuple)
+                                        else v) for k in SweepRow.__dataclass_fields__}
                                    for r in rows]}
     path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -98,6 +126,41 @@ def plot(rows: list[SweepRow], path: Path, title: str) -> None:
     ax1.legend()
     if any(r.oom for r in rows):
         ax3.set_title("x = out of memory", fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_over_time(rows: list[SweepRow], path: Path, title: str) -> None:
+    """Goodput against workers (throughput dotted), and throughput over the run at the
+    largest worker count: where restarts stop a gang-scheduled job and a PS carries on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    top = max(r.workers for r in rows)
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        mine = [r for r in rows if r.strategy == strategy]
+        xs = [r.workers for r in mine]
+        line, = ax1.plot(xs, [r.goodput_samples_per_s for r in mine], marker="o",
+                         label=strategy)
+        ax1.plot(xs, [r.throughput_samples_per_s for r in mine], ls=":",
+                 color=line.get_color())
+        last = next(r for r in mine if r.workers == top)
+        ax2.plot([t / 3600 for t in last.series_t_s], last.series_samples_per_s,
+                 color=line.get_color(), label=strategy)
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("workers")
+    ax1.set_ylabel("goodput (samples/s; dotted: throughput)")
+    ax2.set_xlabel("hours into the run")
+    ax2.set_ylabel(f"throughput at {top} workers (samples/s)")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -107,3 +107,29 @@ def test_sweep_writes_table_csv_json_and_plot(tmp_path):
         ("ddp", 1), ("ddp", 4), ("async-ps", 1), ("async-ps", 4)]
     assert len((out / "sweep.csv").read_text().splitlines()) == 5
     assert (out / "sweep.png").stat().st_size > 10_000
+    assert not (out / "goodput.png").exists() and rows[0]["goodput_samples_per_s"] is None
+
+
+def test_sweep_with_a_failure_gives_goodput_and_throughput_over_time(tmp_path):
+    out = tmp_path / "sw"
+    proc = _invoke(["sweep", "--strategies", "ddp,async-ps", "--workers", "2,4",
+                    "--steps", "6", "--events", "fail:1@600", "--run-hours", "1",
+                    "--restart-s", "60", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["strategy"], r["workers"]): r
+            for r in json.loads((out / "sweep.json").read_text())["rows"]}
+    ddp, ps = rows[("ddp", 4)], rows[("async-ps", 4)]
+    assert ddp["time_lost_to_restarts_s"] >= 60 and ps["time_lost_to_restarts_s"] == 0
+    assert ddp["goodput_samples_per_s"] < ddp["throughput_samples_per_s"]
+    assert len(ddp["series_t_s"]) == len(ddp["series_samples_per_s"]) > 10
+    assert min(ddp["series_samples_per_s"]) < 0.5 * ddp["throughput_samples_per_s"]
+    assert "series_t_s" not in (out / "sweep.csv").read_text().splitlines()[0]
+    assert (out / "goodput.png").stat().st_size > 10_000
+    assert "goodput/s" in proc.stdout
+
+
+def test_sweep_refuses_events_for_a_worker_a_point_lacks(tmp_path):
+    proc = _invoke(["sweep", "--workers", "2,4", "--events", "fail:3@60", "--out",
+                    str(tmp_path / "sw")])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -9,6 +9,8 @@ import click
 
 from perfmodel.commands.options import (
     build_scenario,
+    elastic_options,
+    pop_elastic_options,
     pop_strategy_options,
     scenario_options,
     strategy_options,
@@ -36,6 +38,7 @@ def _int_list(text: str) -> list[int]:
               help="Comma-separated worker counts.")
 @scenario_options
 @strategy_options
+@elastic_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for sweep.csv, sweep.json and sweep.png "
                    "[default: sweep-<cluster>-<workload>].")
@@ -45,11 +48,15 @@ def command(strategies, workers, out, as_json, **kwargs):
 
     Strategy options apply to the strategies that take them (e.g. --variant to fsdp only).
     The plot shows throughput, scaling efficiency and peak memory per device against workers.
+    With elasticity options (a failure rate or an event schedule, as for `perfmodel
+    predict`), every row also gets goodput and time lost to restarts, and goodput.png plots
+    goodput against workers and throughput over the run at the largest worker count.
 
     \b
     Examples:
       perfmodel sweep --strategies ddp,fsdp --workers 1,8,64,512 --workload gpt2-xl
       perfmodel sweep --cluster a10g --workers 1,4,16,64 --out sweeps/a10g
+      perfmodel sweep --workers 8,32,128 --failure-rate-per-hour 0.01 --run-hours 48
     """
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     for s in names:
@@ -63,6 +70,11 @@ def command(strategies, workers, out, as_json, **kwargs):
     if kwargs["stragglers"] > min(counts):
         raise PerfmodelError(f"--stragglers {kwargs['stragglers']} exceeds the smallest worker "
                              f"count {min(counts)}")
+    elastic = pop_elastic_options(kwargs)
+    if elastic is not None and elastic.events:
+        from perfmodel.goodput import check_events
+
+        check_events(elastic.events, min(counts))     # before any work: every point has them
     given = pop_strategy_options(kwargs)
     per_strategy = {}
     for s in names:
@@ -78,7 +90,8 @@ def command(strategies, workers, out, as_json, **kwargs):
     with click.progressbar(length=len(names) * len(counts), label="predicting",
                            file=click.get_text_stream("stderr")) as bar:
         scenarios = [build_scenario(workers=n, **kwargs) for n in counts]
-        rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1))
+        rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1),
+                         elastic=elastic)
     base = scenarios[0]
     out = out or Path(f"sweep-{base.cluster.name}-{base.workload.name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -87,8 +100,13 @@ def command(strategies, workers, out, as_json, **kwargs):
             "cluster_source": base.cluster.provenance.source}
     write_csv(rows, out / "sweep.csv")
     write_json(rows, out / "sweep.json", meta)
-    plot(rows, out / "sweep.png", f"{base.workload.name} on {base.cluster.name} "
-         f"({base.cluster.provenance.source}), batch {base.batch_size} per worker")
+    title = (f"{base.workload.name} on {base.cluster.name} "
+             f"({base.cluster.provenance.source}), batch {base.batch_size} per worker")
+    plot(rows, out / "sweep.png", title)
+    if elastic is not None:
+        from perfmodel.sweep import plot_over_time
+
+        plot_over_time(rows, out / "goodput.png", title)
     if as_json:
         click.echo((out / "sweep.json").read_text())
         return
@@ -99,5 +117,13 @@ def command(strategies, workers, out, as_json, **kwargs):
                    f"{r.speedup_vs_1_worker:>7.2f}x {r.step_time_s * 1e3:>8.1f}ms "
                    f"{r.comm_exposed_s * 1e3:>10.1f}ms {r.wait_s * 1e3:>7.1f}ms "
                    f"{r.peak_memory_GiB:>7.2f}{'!' if r.oom else ' '} {r.staleness_mean:>9.2f}")
+    if elastic is not None:
+        click.echo(f"\n{'strategy':<9} {'workers':>7} {'goodput/s':>12} {'of thruput':>10} "
+                   f"{'restarts lost':>14} {'work lost':>10}")
+        for r in rows:
+            click.echo(f"{r.strategy:<9} {r.workers:>7} {r.goodput_samples_per_s:>12,.1f} "
+                       f"{r.goodput_fraction:>10.1%} {r.time_lost_to_restarts_s:>12,.0f} s "
+                       f"{r.lost_work_s:>8,.0f} s")
     click.echo(f"\nwrote {out}/sweep.csv, sweep.json, sweep.png"
+               + (", goodput.png" if elastic is not None else "")
                + ("  (! = out of memory)" if any(r.oom for r in rows) else ""))
