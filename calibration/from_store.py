@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,7 +123,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
             f"no successful collectives, compute, ddp, fsdp or ps measurement; measure them "
             f"with `perfmodel calibrate` or `perfmodel measure ...`")
 
-    network = _network(by_kind["collectives"])
+    network = _network(by_kind["collectives"],
+                       (os.cpu_count() or 1) if base_cluster.comm_cpu_cores_per_node else 0)
     compute, optimizer, apply = _compute(by_kind["compute"], base_cluster, notes)
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
@@ -155,7 +157,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if spread is not None:
         notes.append(f"run-to-run spread {spread:.1%} (CV) from {spread_runs} repeated runs")
     info = RunInfo(host=_hosts(runs), device_names=_device_names(runs, base_cluster),
-                   versions=_versions(runs), runs=len(runs), run_spread_cv=spread)
+                   versions=_versions(runs), runs=len(runs), run_spread_cv=spread,
+                   cpu_cores=os.cpu_count())     # fitted on the host that measured (checked)
     return Calibration(base=base_cluster, fits=fits, info=info,
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
                        checks=checks, by_op=by_op)
@@ -173,12 +176,21 @@ def _hinted(part: str, fit: Callable[[], T]) -> T:
 # ---------------------------------------------------------------- parts
 
 
-def collective_samples(runs) -> list[CollectiveSample]:
-    """The collective timings of stored collectives runs (measure.store.Run)."""
-    return [CollectiveSample(op=c["op"], ranks=int(r.row.world_size), bytes=float(c["bytes"]),
-                             time_s=float(c["time_s"]),
-                             nodes=int(r.row.config.get("nodes") or 1))
-            for r in runs for c in r.table("collectives")]
+def collective_samples(runs, cpu_cores: int = 0) -> list[CollectiveSample]:
+    """The collective timings of stored collectives runs (measure.store.Run). On a CPU host
+    (`cpu_cores` > 0) a run with more ranks per node than cores is divided by the model's
+    core-sharing factor (ClusterProfile.comm_cpu_share), so the links are fitted unshared."""
+    def share(ranks: int, nodes: int) -> float:
+        per_node = -(-ranks // max(nodes, 1))
+        return max(1.0, per_node / cpu_cores) if cpu_cores else 1.0
+
+    out = []
+    for r in runs:
+        ranks, nodes = int(r.row.world_size), int(r.row.config.get("nodes") or 1)
+        out += [CollectiveSample(op=c["op"], ranks=ranks, bytes=float(c["bytes"]),
+                                 time_s=float(c["time_s"]) / share(ranks, nodes), nodes=nodes)
+                for c in r.table("collectives")]
+    return out
 
 
 def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
@@ -200,8 +212,8 @@ def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
     return timings, flops, skipped
 
 
-def _network(runs) -> dict | None:
-    samples = collective_samples(runs)
+def _network(runs, cpu_cores: int = 0) -> dict | None:
+    samples = collective_samples(runs, cpu_cores)
     if not samples:
         return None
     return _hinted("network", lambda: fit_network(samples))

@@ -71,6 +71,7 @@ class RunInfo:
     versions: str                   # e.g. "torch 2.13.0, gloo"
     runs: int                       # measurement runs the fits used
     run_spread_cv: float | None = None   # run-to-run CV of a repeated configuration's step
+    cpu_cores: int | None = None    # cores of the host (for a CPU base's comm_cpu_cores_per_node)
     date: str = ""                  # ISO 8601; "" = now, in UTC
 
 
@@ -135,7 +136,10 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         },
         "device": device,
         "compute": compute,
-        "topology": {"devices_per_node": base.devices_per_node},
+        "topology": {"devices_per_node": base.devices_per_node}
+                    | ({"comm_cpu_cores_per_node": info.cpu_cores or
+                        base.comm_cpu_cores_per_node}
+                       if base.comm_cpu_cores_per_node else {}),
         "intra_node": _link(fits.intra_node, base.intra_node),
         "inter_node": _link(fits.inter_node, base.inter_node),
         "server": {"apply_GBps": _value(fits.server_apply_GBps, base.server.apply_GBps),

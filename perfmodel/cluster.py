@@ -122,6 +122,17 @@ class ClusterProfile:
     compute: Compute
     server: Server
     path: Path
+    # Cores that drive communication on a node (a CPU backend such as gloo copies and
+    # reduces on the host's cores); 0 = the links move data themselves (NVLink, NIC DMA).
+    comm_cpu_cores_per_node: int = 0
+
+    def comm_cpu_share(self, workers: int) -> float:
+        """How much slower a collective runs because its ranks share the node's cores: a
+        ring step waits for every rank's copy and reduction, and p busy ranks on c < p cores
+        each get c/p of a core (processor sharing), so time x p/c."""
+        per_node = min(workers, self.devices_per_node)
+        cores = self.comm_cpu_cores_per_node
+        return max(1.0, per_node / cores) if cores else 1.0
 
     def link_for(self, workers: int) -> Link:
         """The bottleneck link of a collective over `workers` ranks packed onto nodes."""
@@ -174,6 +185,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             memory_overhead_fraction=dev.number("memory_overhead_fraction", 0.0, minimum=-0.9),
         ),
         devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
+        comm_cpu_cores_per_node=f.table("topology").integer("comm_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),
         compute=Compute(

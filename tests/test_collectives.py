@@ -20,6 +20,7 @@ from perfmodel.sim.collectives import (
     allreduce_s,
     broadcast_s,
     busbw_factor,
+    collective_s,
     reduce_scatter_s,
     sendrecv_s,
 )
@@ -155,3 +156,18 @@ def test_auto_allreduce_takes_the_faster_algorithm(workers, nbytes):
     ring = allreduce_s(cluster, workers, nbytes, "ring")
     tree = allreduce_s(cluster, workers, nbytes, "tree")
     assert allreduce_s(cluster, workers, nbytes, "auto") == min(ring, tree)
+
+
+@pytest.mark.parametrize("op", ["all-reduce", "all-gather", "reduce-scatter", "broadcast"])
+def test_cpu_driven_collectives_share_the_nodes_cores(op):
+    # p ranks on c < p cores: each gets c/p of a core, so the collective takes p/c as long;
+    # up to c ranks, nothing changes; across nodes only the ranks per node count
+    free = make_cluster("local", comm_cpu_cores_per_node=0)
+    cpu = make_cluster("local", comm_cpu_cores_per_node=2)
+    n = 4e6
+    for p, factor in ((2, 1.0), (4, 2.0), (8, 4.0)):
+        assert collective_s(op, cpu, p, n) == pytest.approx(factor * collective_s(op, free, p, n))
+    nodes = make_cluster("local", comm_cpu_cores_per_node=2, devices_per_node=4)
+    nodes_free = make_cluster("local", comm_cpu_cores_per_node=0, devices_per_node=4)
+    assert collective_s(op, nodes, 16, n) == pytest.approx(2 * collective_s(op, nodes_free, 16, n))
+    assert sendrecv_s(cpu, n) == sendrecv_s(free, n)       # one message: one core each end

@@ -28,6 +28,12 @@ about one rank's ring traffic. Latency counts the steps that cross nodes at α_i
 rest at α_intra, as NCCL's tuner does (2(k−1) crossing steps of an all-reduce, k−1 of an
 all-gather or reduce-scatter).
 
+CPU-driven communication (gloo on a CPU host, `cluster.comm_cpu_cores_per_node` = c > 0):
+every rank's copies and reductions run on the node's cores, and a ring step finishes when
+the slowest rank's does, so p ranks on c < p cores take p/c times as long (processor
+sharing; `ClusterProfile.comm_cpu_share`). Seen on 2 cores with compute replaced by waits:
+all-reduce at 4 and 8 ranks took 2x and 4x the 2-rank-calibrated time.
+
 β comes from `Link.seconds_per_byte(n)`: efficiency is looked up at the collective's total
 size n, the size nccl-tests reports busbw at (doc/PERFORMANCE.md).
 
@@ -104,13 +110,14 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
                                                                           "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
+    share = cluster.comm_cpu_share(p)
     if algorithm == "ring":
         latency = _ring_latency(cluster, p, 2 * (p - 1), 2 * (k - 1))
-        return latency + 2 * (p - 1) / p * nbytes * beta
+        return (latency + 2 * (p - 1) / p * nbytes * beta) * share
     per_node = min(p, cluster.devices_per_node)
     latency = 2 * ((per_node - 1) * cluster.intra_node.latency_s
                    + int(math.log2(k)) * cluster.inter_node.latency_s)
-    return latency + 2 * nbytes * beta
+    return (latency + 2 * nbytes * beta) * share
 
 
 def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
@@ -120,7 +127,8 @@ def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
     if p == 1:
         return 0.0
     latency = _ring_latency(cluster, p, p - 1, _nodes(cluster, p) - 1)
-    return latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)
+    return (latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)) \
+        * cluster.comm_cpu_share(p)
 
 
 def reduce_scatter_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
@@ -140,12 +148,13 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
         return 0.0
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
+    share = cluster.comm_cpu_share(p)
     if algorithm == "ring":
-        return _ring_latency(cluster, p, p - 1, k - 1) + nbytes * beta
+        return (_ring_latency(cluster, p, p - 1, k - 1) + nbytes * beta) * share
     alpha = cluster.intra_node.latency_s
     if k > 1:
         alpha = max(alpha, cluster.inter_node.latency_s)
-    return math.ceil(math.log2(p)) * (alpha + nbytes * beta)
+    return math.ceil(math.log2(p)) * (alpha + nbytes * beta) * share
 
 
 def link_transfer_s(link: Link, nbytes: float) -> float:
