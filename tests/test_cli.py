@@ -133,3 +133,16 @@ def test_sweep_refuses_events_for_a_worker_a_point_lacks(tmp_path):
                     str(tmp_path / "sw")])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_measure_ps_passes_its_learning_rate_to_the_run(monkeypatch):
+    import perfmodel.commands.measure as measure
+
+    seen = {}
+    monkeypatch.setattr(measure, "execute", lambda config, nproc, **kw: seen.update(config))
+    result = CliRunner().invoke(cli, ["measure", "ps", "--workers", "2", "--workload", "mlp",
+                                      "--mode", "async", "--lr", "0.01"])
+    assert result.exit_code == 0, result.output
+    assert seen["options"]["ps"]["lr"] == 0.01
+    bad = CliRunner().invoke(cli, ["measure", "ps", "--workload", "mlp", "--lr", "0"])
+    assert bad.exit_code == 2

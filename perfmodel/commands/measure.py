@@ -347,9 +347,12 @@ def fsdp(variant, **kwargs):
               help="async: scale the learning rate by 1/staleness.")
 @click.option("--delay-compensation", is_flag=True, default=None,
               help="async: DC-ASGD delay compensation on the server.")
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
+              help="Learning rate of the server's optimizer [the workload's, e.g. 0.05 for "
+                   "mlp]; a smaller one keeps async training stable at higher staleness.")
 @run_options
 @one_line_errors
-def ps(mode, staleness_bound, staleness_aware_lr, delay_compensation, **kwargs):
+def ps(mode, staleness_bound, staleness_aware_lr, delay_compensation, lr, **kwargs):
     """Train with a parameter server: rank 0 serves, ranks 1..N train.
 
     Records every update's staleness (version applied - version read), each worker's steps,
@@ -360,6 +363,7 @@ def ps(mode, staleness_bound, staleness_aware_lr, delay_compensation, **kwargs):
       perfmodel measure ps --workers 2 --workload mlp --mode sync
       perfmodel measure ps --workers 3 --workload mlp --mode async --speed 1,1,0.5
       perfmodel measure ps --workers 2 --workload mlp --mode ssp --staleness-bound 2
+      perfmodel measure ps --workers 2 --workload mlp --mode async --lr 0.01
     """
     if staleness_bound is not None and mode != "ssp":
         raise PerfmodelError("--staleness-bound applies to --mode ssp only")
@@ -368,7 +372,7 @@ def ps(mode, staleness_bound, staleness_aware_lr, delay_compensation, **kwargs):
                              "--mode async only")
     _training("ps", {"mode": mode, "staleness_bound": staleness_bound,
                      "staleness_aware_lr": staleness_aware_lr,
-                     "delay_compensation": delay_compensation}, **kwargs)
+                     "delay_compensation": delay_compensation, "lr": lr}, **kwargs)
 
 
 def _training(kind: str, options: dict, *, workers, workload, batch_size, steps, warmup_steps,
