@@ -21,22 +21,31 @@ rank than the links inside a node, as on every cluster the profiles describe.
 
 The bandwidth is the best achieved one and the efficiency curve (kept only where the
 residuals show it, see calibration/fit.py) is relative to it, so every fraction is in (0, 1].
+
+Not every library runs every kind as a ring: gloo on CPU took about 1.5x the ring model's time
+for all-gather and 3x for reduce-scatter against the all-reduce fit here. So where all-reduce
+was measured at enough sizes beside other kinds, α, β and the curve are fitted on all-reduce
+alone (the kind DDP uses) and each other kind gets a time factor, the geometric median of its
+measured / modelled times (`Link.time_factor_by_op`); the residuals by kind are taken after
+the factors.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from calibration.fit import FitResult, Residual, fit_latency_rate, fit_result
+from perfmodel.cluster import Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import busbw_factor
 
 SCOPES = ("intra_node", "inter_node")
+REFERENCE_OP = "all-reduce"  # fitted for α, β and the curve when other kinds get factors
 MIN_SIZES = 3                # distinct message sizes needed per scope to separate α from β
 # (steps, crossing steps) of the ring algorithm for p ranks on k nodes, as in collectives.py
 _RING_STEPS = {
@@ -69,6 +78,7 @@ class LinkFit:
     efficiency_by_bytes: tuple[tuple[float, float], ...]   # [message bytes, fraction]
     curve_fitted: bool                               # False: flat, the residuals showed none
     by_op: dict[str, Residual]                       # how well the one model fits each op
+    time_factor_by_op: dict[str, float] = field(default_factory=dict)   # see the docstring
 
     @property
     def results(self) -> tuple[FitResult, ...]:
@@ -117,18 +127,31 @@ def fit_link(samples: Sequence[CollectiveSample], scope: str = "intra_node",
                                  "(measure the same collectives on one node)")
         alpha_intra = 0.0 if intra is None else intra.latency_us.value * 1e-6
         alpha_steps, known = crossing, inside * alpha_intra
-    fit = fit_latency_rate(alpha_steps, volume, size, times, known,
-                           names=(f"{scope}.latency_us", f"{scope}.bandwidth_GBps"), what=what)
     ops = np.array([s.op for s in use])
+    ref = ops == REFERENCE_OP
+    if not (len(set(size[ref])) >= MIN_SIZES and (~ref).any()):
+        ref = np.ones(len(use), dtype=bool)           # one kind, or too few all-reduces
+    fit = fit_latency_rate(alpha_steps[ref], volume[ref], size[ref], times[ref], known[ref],
+                           names=(f"{scope}.latency_us", f"{scope}.bandwidth_GBps"), what=what)
+    link = Link(bandwidth_GBps=fit.rate / 1e9, latency_us=fit.latency * 1e6,
+                efficiency_by_bytes=fit.curve)
+    model = known + alpha_steps * fit.latency + volume * np.array(
+        [link.seconds_per_byte(n) for n in size])
+    factors = {} if ref.all() else {
+        str(op): float(np.exp(np.median(np.log(times[ops == op] / model[ops == op]))))
+        for op in sorted(set(ops[~ref]))}
+    scaled = model * np.array([factors.get(str(op), 1.0) for op in ops])
+    rel = (scaled - times) / times
     return LinkFit(
         scope=scope,
         latency_us=fit_result(f"{scope}.latency_us", fit.latency * 1e6,
-                              fit.latency_stderr * 1e6, fit.rel),
+                              fit.latency_stderr * 1e6, rel),
         bandwidth_GBps=fit_result(f"{scope}.bandwidth_GBps", fit.rate / 1e9,
-                                  fit.rate_stderr / 1e9, fit.rel),
+                                  fit.rate_stderr / 1e9, rel),
         efficiency_by_bytes=fit.curve,
         curve_fitted=fit.curve_kept,
-        by_op={str(op): Residual.of(fit.rel[ops == op]) for op in sorted(set(ops))},
+        by_op={str(op): Residual.of(rel[ops == op]) for op in sorted(set(ops))},
+        time_factor_by_op=factors,
     )
 
 
@@ -140,11 +163,11 @@ def _check_samples(use: list[CollectiveSample], scope: str) -> None:
         if s.nodes > s.ranks:
             raise PerfmodelError(f"a {s.op} measurement has {s.ranks} ranks on {s.nodes} "
                                  f"nodes; every node needs at least one rank")
-        for field in ("bytes", "time_s"):
-            value = getattr(s, field)
+        for name in ("bytes", "time_s"):
+            value = getattr(s, name)
             if not math.isfinite(value) or value <= 0:
                 raise PerfmodelError(
-                    f"{scope}: a {s.op} timing at {s.ranks} ranks has {field} = {value!r}, "
+                    f"{scope}: a {s.op} timing at {s.ranks} ranks has {name} = {value!r}, "
                     f"not a finite number > 0; fix or remove that measurement")
     sizes = sorted({s.bytes for s in use})
     if len(sizes) < MIN_SIZES:

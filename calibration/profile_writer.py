@@ -195,8 +195,11 @@ def _link(fit: LinkFit | None, base: Link) -> dict[str, Any]:
     if fit is None:
         return {"bandwidth_GBps": base.bandwidth_GBps, "latency_us": base.latency_us,
                 "efficiency_by_bytes": _curve(base.efficiency_by_bytes)}
-    return {"bandwidth_GBps": fit.bandwidth_GBps.value, "latency_us": fit.latency_us.value,
-            "efficiency_by_bytes": _curve(fit.efficiency_by_bytes)}
+    out = {"bandwidth_GBps": fit.bandwidth_GBps.value, "latency_us": fit.latency_us.value,
+           "efficiency_by_bytes": _curve(fit.efficiency_by_bytes)}
+    if fit.time_factor_by_op:
+        out["time_factor_by_op"] = dict(fit.time_factor_by_op)
+    return out
 
 
 # --- TOML text ----------------------------------------------------------------------------

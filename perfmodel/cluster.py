@@ -91,6 +91,12 @@ class Link:
     bandwidth_GBps: float
     latency_us: float
     efficiency_by_bytes: tuple[tuple[float, float], ...]   # [message bytes, fraction of bw]
+    # Measured time of a collective over the α–β ring model fitted on all-reduce, per kind
+    # (e.g. gloo's reduce-scatter is no ring); () = 1 for every kind.
+    time_factor_by_op: tuple[tuple[str, float], ...] = ()
+
+    def time_factor(self, op: str) -> float:
+        return dict(self.time_factor_by_op).get(op, 1.0)
 
     def seconds_per_byte(self, message_bytes: float) -> float:
         """β for a message of this size: 1 / (bandwidth x efficiency(size))."""
@@ -142,11 +148,24 @@ class ClusterProfile:
         return -(-workers // self.devices_per_node)
 
 
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+
+
 def _link(f: Fields) -> Link:
+    factors = ()
+    if f.has("time_factor_by_op"):
+        t = f.table("time_factor_by_op")
+        unknown = sorted(set(t.data) - set(COLLECTIVE_KINDS))
+        if unknown:
+            raise PerfmodelError(f"{f.path}: unknown collective(s) {', '.join(unknown)} in "
+                                 f"time_factor_by_op; choose from {', '.join(COLLECTIVE_KINDS)}")
+        factors = tuple((op, t.number(op, positive=True)) for op in COLLECTIVE_KINDS
+                        if t.has(op))
     return Link(
         bandwidth_GBps=f.number("bandwidth_GBps", positive=True),
         latency_us=f.number("latency_us"),
         efficiency_by_bytes=f.curve("efficiency_by_bytes"),
+        time_factor_by_op=factors,
     )
 
 

@@ -300,3 +300,26 @@ def test_interval_refuses_bad_input():
                             coverage=1.0)
     with pytest.raises(PerfmodelError, match="network_rms_rel"):
         prediction_interval(1.0, network_rms_rel=-0.1, compute_rms_rel=0.1, run_spread_cv=0.1)
+
+
+def test_kinds_that_are_no_ring_get_a_time_factor_against_the_all_reduce_fit():
+    # gloo on CPU: all-gather ~1.5x and reduce-scatter ~3x the ring model fitted on all-reduce
+    truth = truth_cluster()
+    factors = (("all-gather", 1.5), ("reduce-scatter", 3.0))
+    truth = dataclasses.replace(truth, intra_node=dataclasses.replace(
+        truth.intra_node, time_factor_by_op=factors))
+    rng = np.random.default_rng(4)
+    samples = [CollectiveSample(op=op, ranks=2, bytes=float(n),
+                                time_s=collective_s(op, truth, 2, n) * (1 + NOISE * rng.normal()))
+               for op in ("all-reduce", "all-gather", "reduce-scatter") for n in SIZES
+               for _ in range(2)]
+    f = fit_network(samples)["intra_node"]
+    assert f.latency_us.value == pytest.approx(truth.intra_node.latency_us, rel=PARAM_TOL)
+    assert f.bandwidth_GBps.value == pytest.approx(truth.intra_node.bandwidth_GBps,
+                                                   rel=PARAM_TOL)
+    for op, factor in factors:
+        assert f.time_factor_by_op[op] == pytest.approx(factor, rel=PARAM_TOL)
+        assert f.by_op[op].rms_rel < 2 * NOISE          # the factor took the misfit away
+    assert "all-reduce" not in f.time_factor_by_op
+    only = fit_network([s for s in samples if s.op == "all-reduce"])["intra_node"]
+    assert only.time_factor_by_op == {}

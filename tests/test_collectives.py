@@ -7,6 +7,7 @@ doc/PERFORMANCE.md (busbw factors).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -171,3 +172,13 @@ def test_cpu_driven_collectives_share_the_nodes_cores(op):
     nodes_free = make_cluster("local", comm_cpu_cores_per_node=0, devices_per_node=4)
     assert collective_s(op, nodes, 16, n) == pytest.approx(2 * collective_s(op, nodes_free, 16, n))
     assert sendrecv_s(cpu, n) == sendrecv_s(free, n)       # one message: one core each end
+
+
+def test_a_measured_time_factor_scales_only_its_kind():
+    base = make_cluster("local", comm_cpu_cores_per_node=0)
+    slow_rs = make_cluster("local", comm_cpu_cores_per_node=0, intra_node=dataclasses.replace(
+        base.intra_node, time_factor_by_op=(("reduce-scatter", 3.0),)))
+    n = 4e6
+    assert reduce_scatter_s(slow_rs, 2, n) == pytest.approx(3 * reduce_scatter_s(base, 2, n))
+    assert allgather_s(slow_rs, 2, n) == allgather_s(base, 2, n)
+    assert allreduce_s(slow_rs, 2, n) == allreduce_s(base, 2, n)

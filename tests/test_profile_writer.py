@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,6 +76,9 @@ def test_written_profile_loads_with_every_fitted_value(fits, profiles):
     assert c.intra_node.latency_us == net.latency_us.value            # exact: repr round-trips
     assert c.intra_node.bandwidth_GBps == net.bandwidth_GBps.value
     assert c.intra_node.efficiency_by_bytes == net.efficiency_by_bytes
+    assert net.time_factor_by_op and dict(c.intra_node.time_factor_by_op) == \
+        net.time_factor_by_op                         # all-gather, broadcast vs all-reduce
+    assert c.comm_cpu_cores_per_node == base.comm_cpu_cores_per_node   # INFO names no cores
     assert c.inter_node.bandwidth_GBps == fits.inter_node.bandwidth_GBps.value
     assert c.compute.efficiency_by_flops == comp.efficiency_by_flops
     assert c.compute.overhead_us_per_unit == comp.overhead_us_per_unit.value
@@ -167,3 +171,13 @@ SCALARS = (st.floats(allow_nan=False, allow_infinity=False) | st.integers(-2**63
 def test_toml_text_round_trips(data):
     # TOML 1.0: any string (quotes, backslashes, control characters) and any finite float
     assert tomllib.loads(to_toml(data)) == data
+
+
+def test_a_time_factor_for_an_unknown_collective_is_refused(tmp_path):
+    data = tomllib.loads((Path(load_cluster("local").path)).read_text())
+    data["intra_node"]["time_factor_by_op"] = {"all-to-all": 2.0}
+    with pytest.raises(PerfmodelError, match="all-to-all"):
+        parse_profile(data, tmp_path / "bad.toml")
+    data["intra_node"]["time_factor_by_op"] = {"reduce-scatter": 3.0}
+    assert parse_profile(data, tmp_path / "ok.toml").intra_node.time_factor(
+        "reduce-scatter") == 3.0

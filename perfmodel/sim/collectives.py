@@ -34,6 +34,10 @@ the slowest rank's does, so p ranks on c < p cores take p/c times as long (proce
 sharing; `ClusterProfile.comm_cpu_share`). Seen on 2 cores with compute replaced by waits:
 all-reduce at 4 and 8 ranks took 2x and 4x the 2-rank-calibrated time.
 
+Implementations that are no ring (gloo's reduce-scatter, say) are carried by a measured
+`Link.time_factor_by_op`: the kind's time over the α–β ring model fitted on all-reduce
+(calibration/fit_network.py), applied to the whole collective; 1 where not measured.
+
 β comes from `Link.seconds_per_byte(n)`: efficiency is looked up at the collective's total
 size n, the size nccl-tests reports busbw at (doc/PERFORMANCE.md).
 
@@ -87,6 +91,12 @@ def _beta(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
     return beta
 
 
+def _op_factor(cluster: ClusterProfile, workers: int, op: str) -> float:
+    """The measured time factor of `op` on the bottleneck link, and core sharing."""
+    link = cluster.intra_node if _nodes(cluster, workers) == 1 else cluster.inter_node
+    return link.time_factor(op) * cluster.comm_cpu_share(workers)
+
+
 def _ring_latency(cluster: ClusterProfile, workers: int, steps: int, inter_steps: int) -> float:
     """`steps` ring steps, `inter_steps` of them crossing a node boundary (NCCL tuning.cc)."""
     if _nodes(cluster, workers) == 1:
@@ -110,7 +120,7 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
                                                                           "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    share = cluster.comm_cpu_share(p)
+    share = _op_factor(cluster, p, "all-reduce")
     if algorithm == "ring":
         latency = _ring_latency(cluster, p, 2 * (p - 1), 2 * (k - 1))
         return (latency + 2 * (p - 1) / p * nbytes * beta) * share
@@ -120,20 +130,24 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
     return (latency + 2 * nbytes * beta) * share
 
 
-def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
-    """Seconds for a ring all-gather whose gathered output is `nbytes` (n/p from each rank)."""
+def _half_ring_s(cluster: ClusterProfile, workers: int, nbytes: float, op: str) -> float:
     _check(workers, nbytes)
     p = workers
     if p == 1:
         return 0.0
     latency = _ring_latency(cluster, p, p - 1, _nodes(cluster, p) - 1)
     return (latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)) \
-        * cluster.comm_cpu_share(p)
+        * _op_factor(cluster, p, op)
+
+
+def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
+    """Seconds for a ring all-gather whose gathered output is `nbytes` (n/p from each rank)."""
+    return _half_ring_s(cluster, workers, nbytes, "all-gather")
 
 
 def reduce_scatter_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
     """Seconds for a ring reduce-scatter of `nbytes` per rank in (n/p out); γ = 0."""
-    return allgather_s(cluster, workers, nbytes)
+    return _half_ring_s(cluster, workers, nbytes, "reduce-scatter")
 
 
 def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
@@ -148,7 +162,7 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
         return 0.0
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    share = cluster.comm_cpu_share(p)
+    share = _op_factor(cluster, p, "broadcast")
     if algorithm == "ring":
         return (_ring_latency(cluster, p, p - 1, k - 1) + nbytes * beta) * share
     alpha = cluster.intra_node.latency_s
