@@ -211,14 +211,17 @@ class MembershipServer(Server):
             self.reply[0] = self.version
 
     def membership(self, events: dict[str, float]) -> dict[str, Any]:
-        """Update rates in the windows before the leave, while a worker is gone (leave ->
-        joiner's first update) and after; the joiner's join_s."""
+        """Update rates in the windows before the leave (from the first update), while a
+        worker is gone (leave -> joiner's first update) and after; the joiner's join_s."""
         times = np.array([u[3] for u in self.updates])
         out: dict[str, Any] = {k: v for k, v in events.items()}
         out["updates"] = len(times)
         left = events.get("left_s")
         back = events.get("joiner_first_update_s")
-        edges = [0.0, left, back, float(times[-1]) if len(times) else None]
+        # "before" starts at the first update, not at the server's start: process start-up
+        # and the first pulls are no part of the two-worker rate
+        edges = [float(times[0]) if len(times) else 0.0, left, back,
+                 float(times[-1]) if len(times) else None]
         for name, a, b in (("before", edges[0], edges[1]), ("gone", edges[1], edges[2]),
                            ("after", edges[2], edges[3])):
             if a is None or b is None or b <= a:

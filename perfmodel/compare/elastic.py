@@ -22,7 +22,8 @@ rank was first ready, and goodput = useful samples / that time.
 
 A PS run is predicted from the step-level PS model through the rate table of
 perfmodel.goodput: updates/s with both workers, with one (the leaver gone) and with both
-again; the joiner's parameter pull over the server's link (perfmodel.goodput.job_for).
+again; the joiner's first gradient after its parameters were sent = the parameter pull over
+the server's link (perfmodel.goodput.job_for) plus one worker step.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def predict_ps(item: ElasticItem, scenario, options: dict[str, Any] | None = Non
             "update_rate_gone_per_s": gone.samples_per_s / b,
             "update_rate_after_per_s": full.samples_per_s / b,
             "gone_over_before": gone.samples_per_s / full.samples_per_s,
-            "join_s": job.join_s}
+            "join_s": job.join_s + full.step_s}     # pull, then one step to its first push
 
 
 # ---------------------------------------------------------------- measured

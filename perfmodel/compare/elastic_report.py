@@ -99,8 +99,8 @@ def markdown(doc: dict[str, Any], figure_file: str | None) -> list[str]:
             "The PS rows: update rates before the leave, while the worker is gone and after "
             "the joiner's first update; `gone over before` is the share of throughput kept "
             "((N−k)/N = 0.5 when the server is not the bottleneck); `join` is the joiner's "
-            "first gradient after its parameters were sent (the model: the parameter pull "
-            "alone)."]
+            "first gradient after its parameters were sent (the model: the parameter pull and "
+            "one step)."]
     if doc["failed"]:
         out += ["", "Failed elastic runs, left out:", ""]
         out += [f"- `{f['key']}` run {f['run_id']}: {f['reason']}" for f in doc["failed"]]
