@@ -196,6 +196,11 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
         "synchronisation stay real — what a GPU leaves to the CPU. They check "
         "communication, synchronisation and queueing, not compute. The store marks them "
         "oversubscribed (measure/launch.py counts processes, not busy cores).",
+        "Held out from the fit, not from the modeller: set B is fixed in "
+        "perfmodel/compare/protocol.py, and earlier comparisons of it on this machine led to "
+        "model changes (CPU core sharing in collectives; per-kind collective time factors, "
+        "fitted on set A's sweep — see `git log perfmodel/sim/collectives.py`). Every "
+        "measurement below is new and nothing in the profile is fitted to set B.",
         f"Predictions are seeded (--seed {seed}): the same command gives the same "
         f"predictions from the same calibration runs.",
         interval + ".",
