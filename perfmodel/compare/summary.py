@@ -238,9 +238,10 @@ def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
         out.append(f"compute is where the model is wrong in {', '.join(r.key for r in compute)}.")
     if any(r.mode == "timed-wait" and r.workers > 2 for r in comm):
         out.append("the loopback 'link' was calibrated with collectives at 2 ranks (set A); "
-                   "with 4-8 ranks on 2 cores gloo's copies and reductions share the same "
-                   "cores and memory bandwidth, a slowdown a per-rank link model cannot "
-                   "know — calibrating collectives at those rank counts would supply it.")
+                   "with 4-8 ranks on 2 cores the model stretches collectives by p/c for the "
+                   "shared cores, but not for the memory bandwidth and scheduler wake-ups "
+                   "they share too — calibrating collectives at those rank counts would "
+                   "measure it.")
     if any(r.strategy == "fsdp" for r in comm):
         out.append("FSDP on CPU: the measured run times every gloo collective synchronously "
                    "(measure/runs/fsdp.py), while the model still overlaps reduce-scatters "
