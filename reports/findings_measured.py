@@ -61,8 +61,8 @@ def measured_ps(db: Path | None, rows: list[dict]) -> tuple[str, list]:
                         and math.isfinite(e["accuracy"])), key=lambda e: e["step"])
         mode = options.get("mode")
         if mode not in ("async", "ssp") or not evals or row.config.get(
-                "compute_mode", "real") != "real":
-            continue
+                "compute_mode", "real") != "real" or "compare" in row.config:
+            continue        # `perfmodel compare`'s runs: too few updates for an accuracy
         mitigation = ("staleness-aware" if options.get("staleness_aware_lr") else
                       "dc" if options.get("delay_compensation") else "none")
         protocol = (f"ssp s={options.get('staleness_bound')}" if mode == "ssp"
@@ -110,6 +110,7 @@ def measured_local(db: Path | None, rows: list[dict]) -> str:
     def latest(kind: str, workers: int, mode: str | None = None):
         found = [r for r in store.list_runs(kind=kind, workload="mlp", status="ok")
                  if r.workers == workers and r.config.get("compute_mode", "real") == "real"
+                 and "compare" not in r.config
                  and (mode is None or (r.config.get("options") or {}).get("ps", {}).get(
                      "mode") == mode)
                  and not ((r.config.get("options") or {}).get("ps", {}).get(
