@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -185,11 +186,11 @@ def _accuracy_text(acc: dict, model) -> str:
 
 Held-out check ({len(check)} held-out profile × mitigation groups): stable-or-unstable
 predicted correctly for {agree} of {len(check)}; where both model and runs are stable, the
-penalty error is {_span(errors)} points: {within} of {len(errors)} within the issue's 2 points,
-so that target is **not met**. The staleness-aware runs were repeated with 3 seeds; their
-seed-to-seed spread (±, one SD) is as large as the model's error, and every error is within
-2 points plus two standard errors of the 3-seed mean (what `tests/test_accuracy_model.py`
-asserts). Checking 2 points would take tens of seeds per profile at these budgets:
+penalty error is {_span(errors)} points: {within} of {len(errors)} within the issue's 2 points.
+{_beyond_text(stable)} One run of a profile is ±3–10 points from its seeds' mean, so the
+stable held-out groups were run with {_seed_span(stable)} seeds (the model predicts the
+mean); `tests/test_accuracy_model.py` asserts every error within 2 points plus two standard
+errors of that mean:
 
 | setting | profile | mitigation | seeds | observed penalty | model |
 |---|---|---|---|---|---|
@@ -270,3 +271,26 @@ def longer_budgets(model) -> str:
             lines.append(f"| {s.name} (U = {s.budget_updates}) | {n} | {n - 1} | "
                          + " | ".join(penalty_text(c) for c in cost) + " |")
     return "\n".join(lines)
+
+
+def _beyond_text(stable: list) -> str:
+    """What the errors above 2 points amount to, against the observed means' noise."""
+    beyond = []
+    for r in stable:
+        err = abs(r["predicted_penalty_points"] - r["observed_penalty_points"])
+        se = r["observed_spread_points"] / math.sqrt(r["seeds"]) if r["seeds"] > 1 else 0.0
+        if err > 2.0:
+            beyond.append((r, err, se))
+    if not beyond:
+        return "The 2-point target is **met** on every stable held-out group."
+    listed = "; ".join(f"{r['profile']} at lr {r['lr']:g}: {err:.1f} points, standard error "
+                       f"of its {r['seeds']}-seed mean {se:.1f}" for r, err, se in beyond)
+    if all(err <= 2.0 + se for _, err, se in beyond):
+        return (f"The others ({listed}) are within one standard error of 2 points: the "
+                f"target is met as far as these seeds can tell, not beyond it.")
+    return f"The 2-point target is **not met**: {listed}."
+
+
+def _seed_span(stable: list) -> str:
+    seeds = sorted({r["seeds"] for r in stable})
+    return str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
