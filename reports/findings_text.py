@@ -286,8 +286,10 @@ def _beyond_text(stable: list) -> str:
     listed = "; ".join(f"{r['profile']} at lr {r['lr']:g}: {err:.1f} points, standard error "
                        f"of its {r['seeds']}-seed mean {se:.1f}" for r, err, se in beyond)
     if all(err <= 2.0 + se for _, err, se in beyond):
-        return (f"The others ({listed}) are within one standard error of 2 points: the "
-                f"target is met as far as these seeds can tell, not beyond it.")
+        one = len(beyond) == 1
+        return (f"The other{'' if one else 's'} ({listed}) {'is' if one else 'are'} within "
+                f"one standard error of 2 points: these seeds cannot tell "
+                f"{'it' if one else 'them'} from the target, nor rule out a small bias.")
     return f"The 2-point target is **not met**: {listed}."
 
 
