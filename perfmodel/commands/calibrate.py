@@ -130,7 +130,10 @@ def run_suite(suite, *, db, fresh: bool, host: str, torch: str | None, torchrun:
         else:
             ids.append(found)
     total = sum(m.progress_total for m in todo)
-    with SuiteProgress(total, hidden) as bar:
+    from perfmodel.commands.progress import RunsProgress
+
+    with RunsProgress(total, command="perfmodel calibrate", label="calibrating",
+                      bar=not hidden, lines=True, announce=True) as bar:
         for i, m in enumerate(todo, 1):
             bar.start(f"[{i}/{len(todo)}] {m.label}", m.progress_total)
             result = launch(m.config, m.nproc, torchrun_args=torchrun if m.multinode else (),
@@ -158,45 +161,6 @@ def fit_and_write(cluster: str, ids: list[int], *, db, base: str) -> dict[str, A
     data = fit_from_runs(Store(db), ids, name=cluster, base=base)
     written = write_profile(data)
     return {"data": data, "path": written.path, "backup": written.backup}
-
-
-class SuiteProgress:
-    """One progress bar on stderr across the suite; lines instead when stderr is no terminal."""
-
-    def __init__(self, total: int, hidden: bool):
-        self.total, self.hidden = max(total, 1), hidden
-        self.bar, self.offset, self.shown, self.size = None, 0, 0, 0
-
-    def __enter__(self):
-        if not self.hidden:
-            self.bar = click.progressbar(length=self.total, label="calibrating",
-                                         file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        return self
-
-    def start(self, label: str, size: int) -> None:
-        self.size = size
-        if self.bar is not None:
-            self.bar.label = label
-            self.bar.render_progress()
-        else:
-            click.echo(f"perfmodel calibrate: {label} ...", err=True)
-
-    def update(self, done: int) -> None:
-        target = self.offset + min(done, self.size)
-        if self.bar is not None and target > self.shown:
-            self.bar.update(target - self.shown)
-            self.shown = target
-
-    def finish(self, line: str) -> None:
-        self.offset += self.size
-        self.update(self.size)
-        if self.bar is None:
-            click.echo(f"perfmodel calibrate:   {line}", err=True)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
 
 
 # ---------------------------------------------------------------- summary

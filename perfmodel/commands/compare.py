@@ -100,7 +100,12 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
 
     elastic_steps = 0 if quick else elastic.CALIBRATION.steps + repeats * sum(
         i.steps for i in elastic.HELD_OUT)
-    with RunProgress(len(held_out) * repeats * steps + elastic_steps, hidden=as_json) as bar:
+    from perfmodel.commands.progress import RunsProgress
+
+    tty = sys.stderr.isatty()
+    with RunsProgress(len(held_out) * repeats * steps + elastic_steps, label="comparing",
+                      command="perfmodel compare", bar=tty and not as_json,
+                      lines=not as_json) as bar:
         found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps,
                                 seed=seed, max_time_s=max_time_s, progress=bar.start,
                                 finished=bar.finish)
@@ -230,42 +235,3 @@ def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_pat
     parts += ["--torch-memory", torch_memory] if torch_memory else []
     parts += ["--out", str(out)]
     return " ".join(parts)
-
-
-class RunProgress:
-    """One progress bar on stderr over every run; a line per run when stderr is no terminal."""
-
-    def __init__(self, total: int, hidden: bool):
-        self.total, self.hidden = max(total, 1), hidden
-        self.bar, self.offset, self.shown, self.size = None, 0, 0, 0
-        self.lines = hidden or not sys.stderr.isatty()
-
-    def __enter__(self):
-        if not self.lines:
-            self.bar = click.progressbar(length=self.total, label="comparing", file=sys.stderr,
-                                         show_pos=True)
-            self.bar.__enter__()
-        return self
-
-    def start(self, label: str, size: int):
-        self.size = size
-        if self.bar is not None:
-            self.bar.label = label
-            self.bar.render_progress()
-        return self.update
-
-    def update(self, done: int) -> None:
-        target = self.offset + min(done, self.size)
-        if self.bar is not None and target > self.shown:
-            self.bar.update(target - self.shown)
-            self.shown = target
-
-    def finish(self, line: str) -> None:
-        self.offset += self.size
-        self.update(self.size)
-        if self.lines and not self.hidden:
-            click.echo(f"perfmodel compare: {line}", err=True)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibration.uncertainty import CalibrationErrors, prediction_interval
+from calibration.uncertainty import CalibrationErrors
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare import elastic
 from perfmodel.compare.elastic import CALIBRATION, HELD_OUT, ElasticItem
 from perfmodel.compare.protocol import WARMUP_STEPS
+from perfmodel.compare.run import step_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import predict
 from perfmodel.sim.scenario import Scenario
@@ -49,16 +50,9 @@ def step_prediction(profile: ClusterProfile, item: ElasticItem, errors: Calibrat
     scenario = Scenario(cluster=profile, workload=load_workload(item.workload),
                         workers=item.workers, batch_size=item.batch,
                         steps=WARMUP_STEPS + item.steps, warmup_steps=WARMUP_STEPS, seed=seed)
-    s = predict("ddp", scenario).summary
-    point = s.step_time_s.mean
-    if errors is None:
-        return point, point, point
-    c = min(max(s.compute_s / point, 0.0), 1.0)
-    iv = prediction_interval(point, network_rms_rel=errors.network_rms_rel,
-                             compute_rms_rel=errors.compute_rms_rel,
-                             run_spread_cv=errors.run_spread_cv, compute_share=c,
-                             network_share=1.0 - c)
-    return point, iv.low_s, iv.high_s
+    p = predict("ddp", scenario)
+    point, iv = p.summary.step_time_s.mean, step_interval(p, errors)
+    return (point, point, point) if iv is None else (point, iv.low_s, iv.high_s)
 
 
 def ps_scenario(profile: ClusterProfile, item: ElasticItem, seed: int) -> Scenario:

@@ -47,14 +47,9 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
     parts = {"params": worker.params_bytes, "grads": worker.grads_bytes,
              "optimizer": worker.optimizer_bytes, "activations": worker.activations_bytes,
              "other": other}
-    interval = None
-    if errors is not None:
-        c = min(max(s.compute_s / s.step_time_s.mean, 0.0), 1.0)
-        iv = prediction_interval(s.step_time_s.mean, network_rms_rel=errors.network_rms_rel,
-                                 compute_rms_rel=errors.compute_rms_rel,
-                                 run_spread_cv=errors.run_spread_cv, compute_share=c,
-                                 network_share=1.0 - c)
-        interval = {"low": iv.low_s, "high": iv.high_s, "coverage": iv.coverage}
+    iv = step_interval(p, errors)
+    interval = None if iv is None else {"low": iv.low_s, "high": iv.high_s,
+                                        "coverage": iv.coverage}
     ps = h.kind == "ps"
     tau = steady_staleness(p.result.updates, WARMUP_STEPS) if ps else np.zeros(0)
     return {
@@ -74,6 +69,18 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
         "staleness_mean": float(tau.mean()) if tau.size else None,
         "timeline": timeline(p),
     }
+
+
+def step_interval(p: Prediction, errors: CalibrationErrors | None):
+    """The step time's prediction interval from the calibration's errors (None without)."""
+    if errors is None:
+        return None
+    s = p.summary
+    c = min(max(s.compute_s / s.step_time_s.mean, 0.0), 1.0)
+    return prediction_interval(s.step_time_s.mean, network_rms_rel=errors.network_rms_rel,
+                               compute_rms_rel=errors.compute_rms_rel,
+                               run_spread_cv=errors.run_spread_cv, compute_share=c,
+                               network_share=1.0 - c)
 
 
 def timeline(p: Prediction) -> dict[str, Any]:
