@@ -185,6 +185,8 @@ def recoveries(records: list[dict], kills: list[dict]) -> list[Recovery]:
         spawned = min((r["spawned_at"] for r in started if r.get("spawned_at")), default=None)
         entered = max((r["entered_at"] for r in started), default=None)
         regained = [r["end_time"] for r in nxt if r["step"] == done - 1]
+        if not regained and resumed >= done:    # killed just after a checkpoint: nothing
+            regained = [r["time"] for r in ready]   # lost, regained once every rank is ready
         out.append(Recovery(
             attempt=a, killed_rank=kill["rank"], steps_done=done, resumed_step=resumed,
             lost_steps=done - resumed,

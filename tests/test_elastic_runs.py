@@ -96,6 +96,16 @@ def test_recovery_is_derived_from_the_records():
     assert rec.recovery_s == pytest.approx(16.5 - 10.0)     # step 14 of attempt 1 ends
 
 
+def test_a_kill_right_after_a_checkpoint_loses_nothing_and_recovers_when_ready():
+    # the kill lands after step 9, whose checkpoint (10 steps) was written: attempt 1
+    # resumes at step 10 and never redoes step 9; recovery ends when every rank is ready
+    records = [r for r in synthetic_records() if not (r["type"] == "step"
+                                                       and r["attempt"] == 0 and r["step"] > 9)]
+    rec = recoveries(records, [{"attempt": 0, "rank": 1, "time": 10.0}])[0]
+    assert (rec.steps_done, rec.resumed_step, rec.lost_steps) == (10, 10, 0)
+    assert rec.recovery_s == pytest.approx(16.0 - 10.0)
+
+
 def test_recovery_records_give_the_model_its_parameters():
     records = synthetic_records()
     found = recoveries(records, [{"attempt": 0, "rank": 1, "time": 10.0}])
