@@ -48,7 +48,9 @@ MLP_PARAMS = 3_225_610          # measure/models.py build_mlp: 64-1024-1024-1024
 
 FSDP_ATOL = 1e-5                # float32 sums in another order (reduce-scatter vs one batch)
 FSDP_RTOL = 1e-4
-SLOWDOWN_MIN_RATIO = 1.3        # speed 0.5 doubles compute; contention on 2 cores blurs it
+SLOWDOWN_MIN_RATIO = 1.3        # speed 0.25 makes compute 4x; contention on 2 cores blurs it
+# (at speed 0.5 one CI run saw 1.14x: the fast rank's compute is stretched by the same
+# contention, so the signal needs room above the noise)
 ASYNC_STALENESS_TOL = 0.2       # |mean τ − (N − 1)| while all N workers are pushing
 MEMORY_REL_TOL = 0.10           # issue 3: measured vs params + grads + optimizer + activations
 
@@ -82,7 +84,7 @@ def of(records: list[dict], type_: str, rank: int | None = None) -> list[dict]:
 @pytest.mark.slow
 def test_ddp_replicas_stay_identical_and_a_slowed_rank_computes_longer(tmp_path):
     records = job(tmp_path, 2, kind="ddp", workload="mlp", batch_size=16, steps=6,
-                  warmup_steps=1, speed=[1.0, 0.5])
+                  warmup_steps=1, speed=[1.0, 0.25])
     s0, s1 = of(records, "summary", 0)[0], of(records, "summary", 1)[0]
     assert s0["param_hash"] == s1["param_hash"]             # bit-identical replicas
     assert s0["param_checksum"] == s1["param_checksum"]
@@ -92,7 +94,7 @@ def test_ddp_replicas_stay_identical_and_a_slowed_rank_computes_longer(tmp_path)
         for r in steps:
             assert r["comm_wait_s"] >= 0 and r["compute_s"] > 0
             assert r["compute_s"] + r["comm_wait_s"] == pytest.approx(r["wall_s"])
-    # speed 0.5 sleeps compute_s·(1/0.5 − 1) = compute_s more after each step's compute
+    # speed 0.25 sleeps compute_s·(1/0.25 − 1) = 3·compute_s more after each step's compute
     fast = np.median([r["compute_s"] for r in of(records, "step", 0)])
     slow = np.median([r["compute_s"] for r in of(records, "step", 1)])
     assert slow > SLOWDOWN_MIN_RATIO * fast
