@@ -39,7 +39,7 @@ TRACKER_PARTS = {
     "Gradient": "grads", "Sharded Grad": "grads",
     "Optstate": "optimizer", "OptState": "optimizer",
     "Activation": "activations",
-}
+}   # everything else (Unsharded Param/Grad, Temp, All Gather, ...) is "other"
 PARTS = ("params", "grads", "optimizer", "activations", "other")
 
 
@@ -82,16 +82,7 @@ def _tracker_peak(model, optimizer, step, steps, extra, fsdp: bool) -> dict[str,
         for _ in range(steps):
             step()
             tracker.reset_mod_stats()
-    snapshot = tracker.get_tracker_snapshot("peak")
-    parts = dict.fromkeys(PARTS, 0)
-    peak = 0
-    for categories in snapshot.values():
-        for key, nbytes in categories.items():
-            name = key.value if isinstance(key, Enum) else str(key)
-            if name == "Total":
-                peak += nbytes
-            else:
-                parts[TRACKER_PARTS.get(name, "other")] += nbytes
+    peak, parts = snapshot_parts(tracker.get_tracker_snapshot("peak"))
     if peak == 0:
         raise RuntimeError("the tracker saw no memory at all")
     return _fields(peak, parts, "FSDPMemTracker" if fsdp else "MemTracker")
@@ -182,3 +173,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
     return isinstance(model, FSDPModule)
+
+
+def snapshot_parts(snapshot: dict) -> tuple[int, dict[str, int]]:
+    """(peak bytes, bytes by part) of a MemTracker/FSDPMemTracker "peak" snapshot."""
+    parts = dict.fromkeys(PARTS, 0)
+    peak = 0
+    for categories in snapshot.values():
+        for key, nbytes in categories.items():
+            name = key.value if isinstance(key, Enum) else str(key)
+            if name == "Total":
+                peak += nbytes
+            else:
+                parts[TRACKER_PARTS.get(name, "other")] += nbytes
+    return peak, parts

@@ -34,13 +34,7 @@ import argparse
 import json
 import sys
 import time
-from enum import Enum
 from typing import Any
-
-PARTS = {"Parameter": "params", "Sharded Param": "params", "Unsharded Param": "other",
-         "Buffer": "params", "Gradient": "grads", "Sharded Grad": "grads",
-         "Unsharded Grad": "other", "Optstate": "optimizer", "OptState": "optimizer",
-         "Activation": "activations"}     # everything else (Temp, All Gather, ...) is "other"
 
 
 def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shard",
@@ -51,6 +45,7 @@ def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shar
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from measure.memtrack import snapshot_parts
     from measure.models import MODELS, make_optimizer
 
     spec = MODELS[workload]
@@ -88,15 +83,7 @@ def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shar
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()
-    parts = dict.fromkeys(("params", "grads", "optimizer", "activations", "other"), 0)
-    peak = 0
-    for categories in snapshot.values():
-        for key, nbytes in categories.items():
-            name = key.value if isinstance(key, Enum) else str(key)
-            if name == "Total":
-                peak += nbytes
-            else:
-                parts[PARTS.get(name, "other")] += nbytes
+    peak, parts = snapshot_parts(snapshot)
     method = ("FSDPMemTracker" if strategy == "fsdp" else "MemTracker") + \
         " under FakeTensorMode, fake process group" + (", autocast bf16" if autocast else "")
     return {"workload": workload, "strategy": strategy,
