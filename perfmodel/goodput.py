@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from calibration.uncertainty import PredictionInterval, prediction_interval
+from perfmodel import strategies as strategy_records
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, summarise
 from perfmodel.sim.elastic import (
@@ -49,8 +50,6 @@ from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.tomlfile import Fields, load_toml
 
-SCHEDULING_OF = {"ddp": "gang", "fsdp": "gang", "async-ps": "async", "ssp-ps": "ssp",
-                 "sync-ps": "sync"}
 SERIES_BINS = 200               # points of the throughput-over-time series
 DOWN_STATES = ("detecting", "restarting")
 # Relative spread of one restart on a shared machine: process start, torch import, data load.
@@ -219,15 +218,14 @@ class RateTable:
 
 def job_for(strategy: str, scenario: Scenario, options: dict[str, Any],
             config: ElasticConfig) -> Job:
-    if strategy not in SCHEDULING_OF:
-        raise PerfmodelError(f"no elasticity model for strategy '{strategy}'")
+    scheduling = strategy_records.get(strategy).scheduling
     join_s = config.join_s
     if join_s is None:          # pull every parameter over the server's link
         cluster = scenario.cluster
         link = getattr(cluster, cluster.server.link)
         nbytes = scenario.workload.param_bytes
         join_s = link.latency_s + nbytes * link.seconds_per_byte(nbytes)
-    return Job(scheduling=SCHEDULING_OF[strategy], workers=scenario.workers,
+    return Job(scheduling=scheduling, workers=scenario.workers,
                batch_size=scenario.batch_size, join_s=join_s,
                staleness_bound=int(options.get("staleness_bound") or 0))
 

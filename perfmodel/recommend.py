@@ -8,7 +8,7 @@ learning curve's updates to the target, divided by what a stale update is worth 
 updates per second (perfmodel/accuracy/cost.py). Synchronous strategies pay no staleness but
 wait for the slowest worker every step; asynchronous PS keeps stragglers from holding the
 others, and pays in staleness, divergence risk and the server's link. Times within
-TIE_FRACTION of the fastest are a tie, won by the simpler strategy (CANDIDATES' order).
+TIE_FRACTION of the fastest are a tie, won by the simpler strategy (weighed()' order).
 
 The decision framework this turns into numbers (DESIGN.md): DDP for homogeneous
 gang-scheduled clusters, FSDP when memory binds, PS under heterogeneity. The accuracy part is
@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmodel import strategies as strategy_records
 from perfmodel.accuracy.cost import StalenessCost, staleness_cost
 from perfmodel.accuracy.model import AccuracyModel, load_accuracy_model
 from perfmodel.errors import PerfmodelError
@@ -28,21 +29,20 @@ from perfmodel.predict import Prediction, predict
 from perfmodel.sim.scenario import Scenario
 
 GIB = 2**30
-# (label, strategy, options): every strategy the recommendation weighs.
-CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("ddp", "ddp", {}),
-    ("fsdp", "fsdp", {}),
-    ("fsdp grad-op", "fsdp", {"variant": "grad-op"}),
-    ("sync-ps", "sync-ps", {}),
-    ("async-ps", "async-ps", {}),
-    ("async-ps staleness-aware", "async-ps", {"staleness_aware_lr": True}),
-    ("async-ps dc", "async-ps", {"delay_compensation": True}),
-    ("ssp-ps", "ssp-ps", {}),
-)
-SYNCHRONOUS = ("ddp", "fsdp", "sync-ps")
+
+
+def weighed() -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, strategy, options) of every variant weighed, in the registry's order."""
+    return [(label, r.name, dict(options))
+            for r in strategy_records.REGISTRY.values() for label, options in r.candidates]
+
+
+def is_synchronous(strategy: str) -> bool:
+    return strategy_records.get(strategy).synchronous
+
 # Predicted times closer than this fraction are a tie: the simulator's error on spec-derived
 # profiles is larger (README: absolute numbers are a first estimate), and a tie goes to the
-# simpler strategy, in CANDIDATES' order (fewest moving parts first).
+# simpler strategy, in weighed()' order (fewest moving parts first).
 TIE_FRACTION = 0.10
 
 
@@ -129,7 +129,7 @@ def recommend(scenario: Scenario, *, memory_budget_GiB: float | None = None,
     target = model.target_accuracy if target_accuracy is None else target_accuracy
     candidates = [evaluate(label, predict(strategy, scenario, **options), budget,
                            target_accuracy=target, optimizer=optimizer, lr=lr, model=model)
-                  for label, strategy, options in CANDIDATES]
+                  for label, strategy, options in weighed()]
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: c.time_to_target_s)
     rest = sorted((c for c in candidates if not c.fits), key=lambda c: c.peak_GiB)
     reachable = [c for c in fitting if math.isfinite(c.time_to_target_s)]
@@ -186,10 +186,10 @@ def explain(scenario: Scenario, budget_GiB: float, ranked: tuple[Candidate, ...]
                         f"GiB ({ddp.peak_GiB / fsdp.peak_GiB:.1f}x less) at "
                         f"{_ms(fsdp.comm_exposed_s)} of exposed communication per step."
                         if fsdp else "; no FSDP variant fits either."))
-    sync = choice if choice.strategy in SYNCHRONOUS else min(
-        (c for c in ranked if c.strategy in SYNCHRONOUS and c.fits),
+    sync = choice if is_synchronous(choice.strategy) else min(
+        (c for c in ranked if is_synchronous(c.strategy) and c.fits),
         key=lambda c: c.time_to_target_s, default=ddp)
-    stale = [c for c in ranked if c.strategy not in SYNCHRONOUS and c.fits]
+    stale = [c for c in ranked if not is_synchronous(c.strategy) and c.fits]
     best_async = min(stale, key=lambda c: c.time_to_target_s, default=None)
     slowest = float(scenario.speeds.min())
     if slowest < 1 and best_async is not None:

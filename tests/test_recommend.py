@@ -13,11 +13,14 @@ import math
 
 from click.testing import CliRunner
 
+from perfmodel import strategies as strategy_records
 from perfmodel.cli import cli
 from perfmodel.cluster import load_cluster
-from perfmodel.recommend import SYNCHRONOUS, TIE_FRACTION, recommend
+from perfmodel.recommend import TIE_FRACTION, recommend
 from perfmodel.sim.scenario import Scenario
 from perfmodel.workload import load_workload
+
+SYNCHRONOUS = tuple(r.name for r in strategy_records.RECORDS if r.synchronous)
 
 GPT2_BUDGET_GIB = 20.0
 

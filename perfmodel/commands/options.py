@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from perfmodel import strategies as strategy_records
 from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
@@ -122,14 +123,25 @@ def pop_elastic_options(kwargs: dict[str, Any]):
     return elastic_config(**given, seed=kwargs.get("seed", 0))
 
 
-STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "variant",
-                         "prefetch", "servers", "staleness_bound", "staleness_aware_lr",
-                         "delay_compensation")
-
-
 def pop_strategy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The strategy options the user actually gave (None = not given)."""
-    return {k: v for k in STRATEGY_OPTION_NAMES if (v := kwargs.pop(k, None)) is not None}
+    return {k: v for k in strategy_records.all_option_names()
+            if (v := kwargs.pop(k, None)) is not None}
+
+
+class StrategyName(click.ParamType):
+    """A strategy name from perfmodel/strategies.py, checked when the command runs."""
+
+    name = "strategy"
+
+    def get_metavar(self, param, ctx=None):
+        return "[" + "|".join(strategy_records.names()) + "]"
+
+    def convert(self, value, param, ctx):
+        if value not in strategy_records.REGISTRY:
+            self.fail(f"'{value}' is not one of {', '.join(strategy_records.names())}",
+                      param, ctx)
+        return value
 
 
 def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,

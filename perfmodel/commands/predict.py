@@ -6,7 +6,9 @@ import json
 
 import click
 
+from perfmodel import strategies as strategy_records
 from perfmodel.commands.options import (
+    StrategyName,
     build_scenario,
     elastic_options,
     oom_message,
@@ -18,12 +20,11 @@ from perfmodel.commands.options import (
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
 
-STRATEGY_NAMES = ["ddp", "fsdp", "sync-ps", "async-ps", "ssp-ps"]
 GIB = 2**30
 
 
 @click.command("predict")
-@click.option("--strategy", required=True, type=click.Choice(STRATEGY_NAMES),
+@click.option("--strategy", required=True, type=StrategyName(),
               help="Distributed training strategy.")
 @click.option("--workers", required=True, type=int,
               help="Number of training workers (GPUs; PS servers come on top).")
@@ -67,7 +68,7 @@ def command(strategy, workers, allow_oom, as_json, **kwargs):
 
         elasticity = predict_elasticity(p, elastic)
     accuracy = None
-    if strategy.endswith("-ps"):    # staleness's accuracy cost (perfmodel/accuracy/)
+    if strategy_records.get(strategy).is_ps:    # staleness's accuracy cost (perfmodel/accuracy/)
         from perfmodel.accuracy.cost import for_prediction, render_lines
 
         accuracy = for_prediction(p)

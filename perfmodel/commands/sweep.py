@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from perfmodel import strategies as strategy_records
 from perfmodel.commands.options import (
     build_scenario,
     elastic_options,
@@ -15,7 +16,6 @@ from perfmodel.commands.options import (
     scenario_options,
     strategy_options,
 )
-from perfmodel.commands.predict import STRATEGY_NAMES
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.strategy import make_strategy
 
@@ -33,7 +33,7 @@ def _int_list(text: str) -> list[int]:
 
 @click.command("sweep")
 @click.option("--strategies", default="ddp,fsdp,sync-ps,async-ps", show_default=True,
-              help=f"Comma-separated strategies from: {', '.join(STRATEGY_NAMES)}.")
+              help=f"Comma-separated strategies from: {', '.join(strategy_records.names())}.")
 @click.option("--workers", default="1,2,4,8,16,32,64", show_default=True,
               help="Comma-separated worker counts.")
 @scenario_options
@@ -60,9 +60,7 @@ def command(strategies, workers, out, as_json, **kwargs):
     """
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     for s in names:
-        if s not in STRATEGY_NAMES:
-            raise PerfmodelError(f"unknown strategy '{s}'; choose from: "
-                                 f"{', '.join(STRATEGY_NAMES)}")
+        strategy_records.get(s)     # an unknown name: one line listing the known ones
     counts = _int_list(workers)
     if kwargs["speed"] is not None:
         raise PerfmodelError("--speed lists one speed per worker and cannot apply to a sweep "

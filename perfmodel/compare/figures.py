@@ -25,14 +25,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from perfmodel import strategies as strategy_records  # noqa: E402
 from perfmodel.compare.matching import LARGE_ERROR, MEMORY_PARTS, Comparison  # noqa: E402
 
 DPI = 90
 MiB, GiB = 2**20, 2**30
-COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange", "sync-ps": "tab:green",
-          "async-ps": "tab:red", "ssp-ps": "tab:purple"}
 PART_COLORS = dict(zip(MEMORY_PARTS, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8c8c8c"),
                        strict=True))
+
+
+def _color(strategy: str) -> str:
+    return strategy_records.get(strategy).color
+
+
 SCATTER = (("throughput", "throughput (samples/s)", 1.0),
            ("step_time", "step time (ms)", 1e3),
            ("peak_memory", "peak memory per worker (MiB)", 1 / MiB),
@@ -58,8 +63,8 @@ def scatter(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
             points.append([r.key, v.measured, v.predicted])
             x, y = v.measured * scale, v.predicted * scale
             err = [[x - v.low * scale], [v.high * scale - x]]
-            ax.errorbar(x, y, xerr=err, fmt="o", color=COLORS[r.strategy], ms=7,
-                        mfc="none" if r.mode == "timed-wait" else COLORS[r.strategy], capsize=3)
+            ax.errorbar(x, y, xerr=err, fmt="o", color=_color(r.strategy), ms=7,
+                        mfc="none" if r.mode == "timed-wait" else _color(r.strategy), capsize=3)
         plotted[q] = points
         ax.set_title(title)
         ax.set_xlabel("measured (median of repeats)")
@@ -77,8 +82,8 @@ def scatter(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
             ax.set_ylim(lo, hi)
         else:
             ax.text(0.5, 0.5, "no configuration", ha="center", transform=ax.transAxes)
-    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=s) for s, c in
-               COLORS.items()]
+    handles = [plt.Line2D([], [], marker="o", ls="", color=r.color, label=r.name)
+               for r in strategy_records.REGISTRY.values()]
     handles.append(plt.Line2D([], [], marker="o", ls="", color="k", mfc="none",
                               label="timed-wait"))
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=9)
@@ -89,13 +94,13 @@ def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
             out: Path) -> dict[str, Any]:
     """`curves`: strategy -> {"workers": [...], "throughput": [...], "label": str}, the
     model's line; measured points are the rows of that strategy and workload."""
-    names = [s for s in COLORS if s in curves]
+    names = [s for s in strategy_records.REGISTRY if s in curves]
     fig, axes = plt.subplots(1, max(len(names), 1), figsize=(3.6 * max(len(names), 1), 3.8),
                              squeeze=False)
     plotted = {}
     for ax, s in zip(axes[0], names, strict=False):
         c = curves[s]
-        ax.plot(c["workers"], c["throughput"], "-", color=COLORS[s], label="model")
+        ax.plot(c["workers"], c["throughput"], "-", color=_color(s), label="model")
         pts = []
         for r in rows:
             if r.key not in c["keys"] or r.quantities["throughput"].measured is None:
@@ -103,8 +108,8 @@ def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
             q = r.quantities["throughput"]
             pts.append([r.key, r.workers, q.measured])
             ax.errorbar(r.workers, q.measured, yerr=[[q.measured - q.low], [q.high - q.measured]],
-                        fmt="o", color=COLORS[s], mfc="none" if r.mode == "timed-wait" else
-                        COLORS[s], capsize=3)
+                        fmt="o", color=_color(s), mfc="none" if r.mode == "timed-wait" else
+                        _color(s), capsize=3)
         plotted[s] = {"model": [list(c["workers"]), list(c["throughput"])], "measured": pts}
         ax.set_title(f"{s}: {c['label']}", fontsize=9)
         ax.set_xlabel("workers")
@@ -149,7 +154,7 @@ def staleness(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
         p, _ = np.histogram(r.predicted_staleness, bins)
         m_share, p_share = m / m.sum(), p / p.sum()
         ax.bar(bins[:-1] + 0.5, m_share, 0.8, color="#bbbbbb", label="measured")
-        ax.step(bins[:-1] + 0.5, p_share, where="mid", color=COLORS[r.strategy], lw=2,
+        ax.step(bins[:-1] + 0.5, p_share, where="mid", color=_color(r.strategy), lw=2,
                 label="model")
         ax.set_title(f"{r.key}\nW1 = {r.staleness_w1:.2f}", fontsize=9)
         ax.set_xlabel("staleness (versions)")

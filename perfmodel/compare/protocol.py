@@ -32,6 +32,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.compute import unit_times
@@ -43,9 +44,6 @@ STEPS = {"full": 12, "quick": 6}        # timed steps per worker of each B run
 LINK_RATE_GBPS = 1.0                    # the slower link's cap (tc tbf), Gbit/s
 SSP_DEFAULT_BOUND = 1                   # measure/runs/ps.py's default staleness bound
 TIMEOUT_S = 300.0                       # process-group timeout of each B run
-STRATEGY_KIND = {"ddp": "ddp", "fsdp": "fsdp", "sync-ps": "ps", "async-ps": "ps",
-                 "ssp-ps": "ps"}
-PS_MODE = {"sync-ps": "sync", "async-ps": "async", "ssp-ps": "ssp"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +63,7 @@ class HeldOut:
 
     @property
     def kind(self) -> str:
-        return STRATEGY_KIND[self.strategy]
+        return strategy_records.get(self.strategy).family
 
     @property
     def batch(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from calibration.uncertainty import CalibrationErrors, prediction_interval
+from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare.matching import (
     MEMORY_PARTS,
@@ -89,7 +90,7 @@ def timeline(p: Prediction) -> dict[str, Any]:
     steps = [r for r in p.result.steps if r.step >= WARMUP_STEPS]
     if not steps:
         return {"window": [0.0, 0.0], "steps": [], "comms": []}
-    if p.scenario.workers == 1 or STRATEGY_SYNC.get(p.strategy, False):
+    if p.scenario.workers == 1 or strategy_records.get(p.strategy).synchronous:
         first = min(r.step for r in steps)
         chosen = [r for r in steps if first <= r.step < first + TIMELINE_STEPS]
         t0, t1 = min(r.start_s for r in chosen), max(r.end_s for r in chosen)
@@ -104,8 +105,6 @@ def timeline(p: Prediction) -> dict[str, Any]:
                       for r in chosen],
             "comms": [[c.kind, c.worker, c.start_s, c.end_s] for c in comms]}
 
-
-STRATEGY_SYNC = {"ddp": True, "fsdp": True, "sync-ps": True}
 
 
 def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,

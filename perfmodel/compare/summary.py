@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmodel import strategies as strategy_records
 from perfmodel.cluster import data_home, load_cluster
 from perfmodel.compare.matching import LARGE_ERROR, Comparison
 from perfmodel.compare.protocol import WARMUP_STEPS, HeldOut, model_options, scenario_for
@@ -265,7 +266,7 @@ def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
         out.append(f"real DDP/FSDP compute under-predicted in {', '.join(under)}: a training "
                    f"step adds zero_grad, bucket copies and two processes sharing cores and "
                    f"memory bandwidth beyond the overlap slowdown{slowdown} fitted on set A.")
-    if any(r.mode == "real" and r.strategy.endswith("-ps") for r in compute):
+    if any(r.mode == "real" and strategy_records.get(r.strategy).is_ps for r in compute):
         out.append("real PS compute: the simulator slows no PS worker's compute (nothing "
                    "overlaps it there), but here each worker shares 2 cores with the other "
                    "worker and the server process, and its measured compute also holds "
