@@ -10,17 +10,16 @@ The fit (calibration/fit.py) finds the overhead, the best achieved FLOP/s and th
 curve relative to it; the profile's `efficiency_by_flops` is that curve times best/peak, the
 fraction of the device peak, so a measured rate above the stated peak is refused.
 
-Also here: step-to-step jitter (compute.jitter_cv), the optimizer's memory rate
-(compute.optimizer_GBps) and the slowdown of compute while communication overlaps it
-(proposed field compute.overlap_slowdown): a DDP/FSDP step's measured compute time against
-the compute profile's prediction for the same step, measured = slowdown x predicted.
+Also here: step-to-step jitter (compute.jitter_cv) and the optimizer's memory rate
+(compute.optimizer_GBps). The slowdown of compute while communication overlaps it
+(compute.overlap_slowdown) is fitted from stored DDP/FSDP runs in calibration/from_store.py,
+as the simulator applies it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from calibration.fit import (
     fit_latency_rate,
     fit_rate,
     fit_result,
-    relative_lstsq,
     round_sig,
 )
 from perfmodel.errors import PerfmodelError
@@ -67,12 +65,6 @@ class ComputeFit:
     def results(self) -> tuple[FitResult, ...]:
         extra = () if self.backward_time_ratio is None else (self.backward_time_ratio,)
         return (self.overhead_us_per_unit, self.achieved_TFLOPS, *extra)
-
-
-def timings_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[UnitTiming]:
-    """Unit timings from the store's `compute` rows (unit, batch_size, pass, median_s)."""
-    return [UnitTiming(unit=r["unit"], phase=r["pass"], batch_size=int(r["batch_size"]),
-                       median_s=float(r["median_s"])) for r in rows]
 
 
 def fit_compute(timings: Sequence[UnitTiming], flops_per_sample: Mapping[str, float], *,
@@ -165,25 +157,3 @@ def fit_optimizer_rate(state_bytes: Sequence[float], seconds: Sequence[float]) -
     """compute.optimizer_GBps: bytes of parameters + optimizer state touched per second."""
     return fit_rate(state_bytes, seconds, parameter="compute.optimizer_GBps",
                     what="optimizer step timings", unit_scale=1e9)
-
-
-def fit_overlap_slowdown(measured_compute_s: Sequence[float],
-                         predicted_compute_s: Sequence[float]) -> FitResult:
-    """compute.overlap_slowdown (proposed field): measured ≈ slowdown x predicted compute.
-
-    `measured_compute_s` are DDP/FSDP steps' compute times (communication overlapping),
-    `predicted_compute_s` the compute profile's time for the same steps without
-    communication (perfmodel.sim.compute.unit_times(...).step_s). Fitted in relative error
-    through the origin. A value below 1 means the compute profile itself is slow, not that
-    overlap speeds compute up: recalibrate compute before reading it.
-    """
-    meas = check_measurements(measured_compute_s, "measured compute_s")
-    pred = check_measurements(predicted_compute_s, "predicted compute_s")
-    if meas.size != pred.size:
-        raise PerfmodelError(f"compute.overlap_slowdown: {meas.size} measured step times but "
-                             f"{pred.size} predictions; give one prediction per step")
-    if meas.size < 2:
-        raise PerfmodelError(f"compute.overlap_slowdown: need >= 2 DDP or FSDP steps with "
-                             f"their compute time, found {meas.size}")
-    fit = relative_lstsq(pred[:, None], meas)
-    return fit_result("compute.overlap_slowdown", fit.coef[0], fit.stderr[0], fit.rel)

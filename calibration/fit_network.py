@@ -33,28 +33,19 @@ the factors.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from calibration.fit import FitResult, Residual, fit_latency_rate, fit_result
 from perfmodel.cluster import Link
 from perfmodel.errors import PerfmodelError
-from perfmodel.sim.collectives import busbw_factor
+from perfmodel.sim.collectives import busbw_factor, ring_steps
 
 SCOPES = ("intra_node", "inter_node")
 REFERENCE_OP = "all-reduce"  # fitted for α, β and the curve when other kinds get factors
 MIN_SIZES = 3                # distinct message sizes needed per scope to separate α from β
-# (steps, crossing steps) of the ring algorithm for p ranks on k nodes, as in collectives.py
-_RING_STEPS = {
-    "all-reduce": lambda p, k: (2 * (p - 1), 2 * (k - 1)),
-    "all-gather": lambda p, k: (p - 1, k - 1),
-    "reduce-scatter": lambda p, k: (p - 1, k - 1),
-    "broadcast": lambda p, k: (p - 1, k - 1),
-    "send-recv": lambda p, k: (1, 1 if k > 1 else 0),
-}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,16 +74,6 @@ class LinkFit:
     @property
     def results(self) -> tuple[FitResult, ...]:
         return (self.latency_us, self.bandwidth_GBps)
-
-
-def samples_from_rows(rows: Iterable[Any], world_size: int, nodes: int = 1
-                      ) -> list[CollectiveSample]:
-    """Collective samples from store rows (objects or dicts with op, bytes, time_s) of one run."""
-    def get(row: Any, key: str) -> Any:
-        return row[key] if isinstance(row, dict) else getattr(row, key)
-
-    return [CollectiveSample(op=get(r, "op"), ranks=world_size, bytes=float(get(r, "bytes")),
-                             time_s=float(get(r, "time_s")), nodes=nodes) for r in rows]
 
 
 def fit_network(samples: Sequence[CollectiveSample]) -> dict[str, LinkFit]:
@@ -157,9 +138,7 @@ def fit_link(samples: Sequence[CollectiveSample], scope: str = "intra_node",
 
 def _check_samples(use: list[CollectiveSample], scope: str) -> None:
     for s in use:
-        if s.op not in _RING_STEPS:
-            raise PerfmodelError(f"unknown collective '{s.op}' in the measurements; choose "
-                                 f"from: {', '.join(_RING_STEPS)}")
+        ring_steps(s.op, s.ranks, s.nodes)          # refuses an unknown collective
         if s.nodes > s.ranks:
             raise PerfmodelError(f"a {s.op} measurement has {s.ranks} ranks on {s.nodes} "
                                  f"nodes; every node needs at least one rank")
@@ -182,7 +161,7 @@ def _design(use: list[CollectiveSample]) -> tuple[np.ndarray, np.ndarray, np.nda
     """Per sample: ring steps, steps that cross nodes, and bytes each rank sends."""
     steps, crossing, volume = [], [], []
     for s in use:
-        total, cross = _RING_STEPS[s.op](s.ranks, s.nodes)
+        total, cross = ring_steps(s.op, s.ranks, s.nodes)
         steps.append(total)
         crossing.append(cross)
         volume.append(busbw_factor(s.op, s.ranks) * s.bytes)

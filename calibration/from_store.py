@@ -123,8 +123,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
             f"no successful collectives, compute, ddp, fsdp or ps measurement; measure them "
             f"with `perfmodel calibrate` or `perfmodel measure ...`")
 
-    network = _network(by_kind["collectives"],
-                       (os.cpu_count() or 1) if base_cluster.comm_cpu_cores_per_node else 0)
+    host = (dataclasses.replace(base_cluster, comm_cpu_cores_per_node=os.cpu_count() or 1)
+            if base_cluster.comm_cpu_cores_per_node else None)      # CPU-driven links
+    network = _network(by_kind["collectives"], host)
     compute, optimizer, apply = _compute(by_kind["compute"], base_cluster, notes)
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
@@ -176,19 +177,20 @@ def _hinted(part: str, fit: Callable[[], T]) -> T:
 # ---------------------------------------------------------------- parts
 
 
-def collective_samples(runs, cpu_cores: int = 0) -> list[CollectiveSample]:
+def collective_samples(runs, host: ClusterProfile | None = None) -> list[CollectiveSample]:
     """The collective timings of stored collectives runs (measure.store.Run). On a CPU host
-    (`cpu_cores` > 0) a run with more ranks per node than cores is divided by the model's
-    core-sharing factor (ClusterProfile.comm_cpu_share), so the links are fitted unshared."""
-    def share(ranks: int, nodes: int) -> float:
-        per_node = -(-ranks // max(nodes, 1))
-        return max(1.0, per_node / cpu_cores) if cpu_cores else 1.0
-
+    (`host` with comm_cpu_cores_per_node set to its cores) a run with more ranks per node
+    than cores is divided by the model's own core-sharing factor
+    (ClusterProfile.comm_cpu_share of the run's layout), so the links are fitted unshared."""
     out = []
     for r in runs:
         ranks, nodes = int(r.row.world_size), int(r.row.config.get("nodes") or 1)
+        share = 1.0
+        if host is not None:
+            layout = dataclasses.replace(host, devices_per_node=-(-ranks // max(nodes, 1)))
+            share = layout.comm_cpu_share(ranks)
         out += [CollectiveSample(op=c["op"], ranks=ranks, bytes=float(c["bytes"]),
-                                 time_s=float(c["time_s"]) / share(ranks, nodes), nodes=nodes)
+                                 time_s=float(c["time_s"]) / share, nodes=nodes)
                 for c in r.table("collectives")]
     return out
 
@@ -212,8 +214,8 @@ def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
     return timings, flops, skipped
 
 
-def _network(runs, cpu_cores: int = 0) -> dict | None:
-    samples = collective_samples(runs, cpu_cores)
+def _network(runs, host: ClusterProfile | None = None) -> dict | None:
+    samples = collective_samples(runs, host)
     if not samples:
         return None
     return _hinted("network", lambda: fit_network(samples))

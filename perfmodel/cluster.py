@@ -140,10 +140,6 @@ class ClusterProfile:
         cores = self.comm_cpu_cores_per_node
         return max(1.0, per_node / cores) if cores else 1.0
 
-    def link_for(self, workers: int) -> Link:
-        """The bottleneck link of a collective over `workers` ranks packed onto nodes."""
-        return self.intra_node if workers <= self.devices_per_node else self.inter_node
-
     def nodes_for(self, workers: int) -> int:
         return -(-workers // self.devices_per_node)
 

@@ -22,11 +22,9 @@ from calibration.fit_compute import (
     fit_compute,
     fit_jitter_cv,
     fit_optimizer_rate,
-    fit_overlap_slowdown,
-    timings_from_rows,
 )
 from calibration.fit_memory import MemorySample, fit_memory
-from calibration.fit_network import CollectiveSample, fit_link, fit_network, samples_from_rows
+from calibration.fit_network import CollectiveSample, fit_link, fit_network
 from calibration.fit_ps import fit_push_link, fit_push_rate, fit_server_apply
 from calibration.uncertainty import prediction_interval
 from perfmodel.cluster import Link, interpolate_log
@@ -95,12 +93,6 @@ def test_network_fit_keeps_a_flat_link_flat():
     assert f.latency_us.value == pytest.approx(200.0, rel=PARAM_TOL)
     assert f.bandwidth_GBps.value == pytest.approx(1.5, rel=PARAM_TOL)
     assert set(f.by_op) == set(OPS)
-
-
-def test_samples_from_store_rows():
-    rows = [{"op": "all-reduce", "bytes": 1024, "time_s": 1e-3, "busbw_GBps": 1.0}]
-    assert samples_from_rows(rows, world_size=4, nodes=2) == [
-        CollectiveSample(op="all-reduce", ranks=4, bytes=1024.0, time_s=1e-3, nodes=2)]
 
 
 def test_too_few_sizes_names_the_scope_and_what_was_found():
@@ -195,12 +187,6 @@ def test_compute_fit_follows_an_efficiency_curve():
         interpolate_log(curve, 2e9), rel=PARAM_TOL)
 
 
-def test_timings_from_store_rows():
-    rows = [{"unit": "fc", "batch_size": 8, "pass": "backward", "median_s": 2e-3, "iqr_s": 0}]
-    assert timings_from_rows(rows) == [
-        UnitTiming(unit="fc", phase="backward", batch_size=8, median_s=2e-3)]
-
-
 def test_compute_above_the_device_peak_names_the_peak():
     truth = compute_cluster(((1.0, 0.45),))
     timings = unit_timings(truth, np.random.default_rng(3))
@@ -217,14 +203,8 @@ def test_compute_needs_three_flop_counts_and_known_units():
                     UNITS, peak_TFLOPS=0.08)
 
 
-def test_overlap_slowdown_jitter_and_optimizer_rate():
+def test_jitter_and_optimizer_rate():
     rng = np.random.default_rng(4)
-    predicted = rng.uniform(0.05, 0.5, 40)
-    measured = 1.3 * predicted * (1 + NOISE * rng.normal(size=40))
-    slow = fit_overlap_slowdown(measured, predicted)
-    assert slow.parameter == "compute.overlap_slowdown"
-    assert slow.value == pytest.approx(1.3, rel=PARAM_TOL)
-    assert slow.rms_rel == pytest.approx(NOISE, rel=0.3)
     # lognormal with CV 0.05 (the StepNoise draw of perfmodel/sim/compute.py)
     sigma2 = math.log1p(0.05**2)
     steps = rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), 2000)
@@ -232,8 +212,6 @@ def test_overlap_slowdown_jitter_and_optimizer_rate():
     nbytes = rng.uniform(1e6, 1e8, 20)
     opt = fit_optimizer_rate(nbytes, nbytes / 5e9 * (1 + NOISE * rng.normal(size=20)))
     assert opt.value == pytest.approx(5.0, rel=PARAM_TOL)
-    with pytest.raises(PerfmodelError, match="one prediction per step"):
-        fit_overlap_slowdown([1.0, 2.0], [1.0])
 
 
 def test_memory_fit_recovers_constant_and_fraction():

@@ -61,6 +61,14 @@ _BUSBW_FACTORS = {
     "broadcast": lambda n: 1.0,
     "send-recv": lambda n: 1.0,
 }
+# (steps, steps that cross a node boundary) of each collective's ring over p ranks on k nodes
+_RING_STEPS = {
+    "all-reduce": lambda p, k: (2 * (p - 1), 2 * (k - 1)),
+    "all-gather": lambda p, k: (p - 1, k - 1),
+    "reduce-scatter": lambda p, k: (p - 1, k - 1),
+    "broadcast": lambda p, k: (p - 1, k - 1),      # pipelined ring (NCCL)
+    "send-recv": lambda p, k: (1, 1 if k > 1 else 0),
+}
 
 
 def busbw_factor(op: str, ranks: int) -> float:
@@ -70,6 +78,15 @@ def busbw_factor(op: str, ranks: int) -> float:
                              f"{', '.join(_BUSBW_FACTORS)}")
     _check(ranks, 0.0)
     return _BUSBW_FACTORS[op](ranks)
+
+
+def ring_steps(op: str, ranks: int, nodes: int) -> tuple[int, int]:
+    """(latency steps, those crossing a node boundary) of `op`'s ring over `ranks` ranks
+    packed onto `nodes` nodes; the fit of calibration/fit_network.py uses the same counts."""
+    if op not in _RING_STEPS:
+        raise PerfmodelError(f"unknown collective '{op}'; choose from: "
+                             f"{', '.join(_RING_STEPS)}")
+    return _RING_STEPS[op](ranks, nodes)
 
 
 def _check(workers: int, nbytes: float) -> None:
@@ -122,7 +139,7 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
     beta = _beta(cluster, p, nbytes)
     share = _op_factor(cluster, p, "all-reduce")
     if algorithm == "ring":
-        latency = _ring_latency(cluster, p, 2 * (p - 1), 2 * (k - 1))
+        latency = _ring_latency(cluster, p, *ring_steps("all-reduce", p, k))
         return (latency + 2 * (p - 1) / p * nbytes * beta) * share
     per_node = min(p, cluster.devices_per_node)
     latency = 2 * ((per_node - 1) * cluster.intra_node.latency_s
@@ -135,7 +152,7 @@ def _half_ring_s(cluster: ClusterProfile, workers: int, nbytes: float, op: str) 
     p = workers
     if p == 1:
         return 0.0
-    latency = _ring_latency(cluster, p, p - 1, _nodes(cluster, p) - 1)
+    latency = _ring_latency(cluster, p, *ring_steps(op, p, _nodes(cluster, p)))
     return (latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)) \
         * _op_factor(cluster, p, op)
 
@@ -164,7 +181,7 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
     beta = _beta(cluster, p, nbytes)
     share = _op_factor(cluster, p, "broadcast")
     if algorithm == "ring":
-        return (_ring_latency(cluster, p, p - 1, k - 1) + nbytes * beta) * share
+        return (_ring_latency(cluster, p, *ring_steps("broadcast", p, k)) + nbytes * beta) * share
     alpha = cluster.intra_node.latency_s
     if k > 1:
         alpha = max(alpha, cluster.inter_node.latency_s)
