@@ -131,6 +131,41 @@ def test_held_out_set_is_disjoint_from_the_calibration_suite():
             check_disjoint(held_out_set(quick), [m.config for m in suite])
 
 
+def test_held_out_set_is_read_from_its_data_file():
+    # the set the Python table defined before it became perfmodel/data/heldout/local.toml
+    # (checked field by field against a dump of that table when it moved)
+    full, quick = held_out_set(), held_out_set(quick=True)
+    assert [h.key for h in quick] == ["ddp-mlp-b32", "async-ps-mlp-straggler", "ddp-mlp-tw2"]
+    assert [h.key for h in full] == [
+        "ddp-mlp-b32", "ddp-mlp-bucket1", "ddp-transformer-small", "ddp-mlp-straggler",
+        "ddp-mlp-link", "fsdp-mlp", "sync-ps-mlp", "async-ps-mlp-straggler", "ddp-mlp-tw4",
+        "ddp-mlp-tw8", "fsdp-grad-op-mlp-tw4", "sync-ps-mlp-tw4", "async-ps-mlp-tw8",
+        "ssp-ps-mlp-tw4-straggler"]
+    by_key = {h.key: h for h in full}
+    assert by_key["ssp-ps-mlp-tw4-straggler"] == HeldOut(
+        key="ssp-ps-mlp-tw4-straggler", what="SSP (bound 1), 4 workers, a straggler "
+        "(timed-wait)", strategy="ssp-ps", workload="mlp", workers=4,
+        speed=(1.0, 1.0, 1.0, 0.5), options={"mode": "ssp", "staleness_bound": 1},
+        timed_wait=True)
+    assert by_key["ddp-mlp-link"].link_rate_Gbps == 1.0
+    assert by_key["ddp-mlp-b32"].batch_size == 32 and by_key["fsdp-mlp"].batch_size is None
+    assert sum(h.timed_wait for h in full) == 6
+
+
+def test_a_broken_held_out_file_is_one_line_naming_the_field(tmp_path):
+    path = tmp_path / "heldout.toml"
+    path.write_text('[[full]]\nkey = "a"\nwhat = ""\nstrategy = "ddp"\nworkload = "mlp"\n'
+                    'workers = 2\nspeed = [1, -1]\n')
+    with pytest.raises(PerfmodelError, match=r"field 'full\[0\]\.speed' must be a list"):
+        held_out_set(path=path)
+    path.write_text('[[full]]\nkey = "a"\nwhat = ""\nstrategy = "ddp"\nworkload = "mlp"\n'
+                    'workers = 2\nbucket = 1\n')
+    with pytest.raises(PerfmodelError, match="unknown field.*bucket"):
+        held_out_set(path=path)
+    with pytest.raises(PerfmodelError, match=r"no \[\[quick\]\] configurations"):
+        held_out_set(quick=True, path=path)
+
+
 def test_a_held_out_configuration_also_in_set_a_is_refused():
     from calibration.suite import build_suite
 
@@ -173,7 +208,7 @@ def _measured_profile(tmp_path: Path, host: str) -> Path:
 
     from calibration.profile_writer import to_toml
 
-    data = tomllib.loads((REPO / "calibration" / "profiles" / "local.toml").read_text())
+    data = tomllib.loads((REPO / "perfmodel" / "data" / "profiles" / "local.toml").read_text())
     data["provenance"] |= {"source": "measured", "host": host}
     data["calibration"] = {"network_rms_rel": 0.1, "compute_rms_rel": 0.1,
                            "run_spread_cv": 0.1}

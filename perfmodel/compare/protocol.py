@@ -5,13 +5,14 @@ sweeps at 2 ranks, per-unit compute timings, DDP at 2 workers with each workload
 batch and buckets, and a 1-worker synchronous parameter server. Its stored runs are fitted
 by calibration/from_store.py into the profile every prediction here uses.
 
-Set B (`held_out_set`) varies what set A keeps fixed, one thing at a time: the batch size,
-the DDP bucket size, the workload, FSDP full-shard and grad-op, every PS mode, stragglers
-(speed factors), a slower link (measure/netem.py's rate cap, root only) and — beyond the 2
-cores of this machine — 4 and 8 workers in the timed-wait compute mode (measure/training.py:
-each worker sleeps the calibrated compute time while communication, synchronisation and PS
-queueing stay real, as on GPUs that leave the CPU free). `check_disjoint` refuses a set B
-that shares a configuration with set A.
+Set B (`held_out_set`) is data: perfmodel/data/heldout/local.toml, whose header says what
+is fitted and what is held out. It varies what set A keeps fixed, one thing at a time: the
+batch size, the DDP bucket size, the workload, FSDP full-shard and grad-op, every PS mode,
+stragglers (speed factors), a slower link (measure/netem.py's rate cap, root only) and —
+beyond the 2 cores of this machine — 4 and 8 workers in the timed-wait compute mode
+(measure/timed_wait.py: each worker sleeps the calibrated compute time while communication,
+synchronisation and PS queueing stay real, as on GPUs that leave the CPU free).
+`check_disjoint` refuses a set B that shares a configuration with set A.
 
 How a B item is predicted (`scenario_for`, `model_options`):
 - the same workers, batch, speeds and steps as the run (steps = warm-up + timed steps);
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfmodel import strategies as strategy_records
@@ -37,13 +39,16 @@ from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.compute import unit_times
 from perfmodel.sim.scenario import Scenario
+from perfmodel.tomlfile import Fields, load_toml
 from perfmodel.workload import load_workload
 
 WARMUP_STEPS = 2
 STEPS = {"full": 12, "quick": 6}        # timed steps per worker of each B run
-LINK_RATE_GBPS = 1.0                    # the slower link's cap (tc tbf), Gbit/s
 SSP_DEFAULT_BOUND = 1                   # measure/runs/ps.py's default staleness bound
 TIMEOUT_S = 300.0                       # process-group timeout of each B run
+HELD_OUT_FILE = Path(__file__).resolve().parent.parent / "data" / "heldout" / "local.toml"
+HELD_OUT_FIELDS = ("key", "what", "strategy", "workload", "workers", "batch_size", "speed",
+                   "options", "timed_wait", "link_rate_Gbps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,58 +95,47 @@ class HeldOut:
                 + (f" ({', '.join(extra)})" if extra else ""))
 
 
-def held_out_set(quick: bool = False) -> tuple[HeldOut, ...]:
-    """Set B. --quick: three 2-worker configurations (tests, a first look)."""
-    h = HeldOut
-    straggler = (1.0, 0.5)
-    if quick:
-        return (
-            h(key="ddp-mlp-b32", what="other batch size", strategy="ddp", workload="mlp",
-              workers=2, batch_size=32),
-            h(key="async-ps-mlp-straggler", what="async PS with a straggler",
-              strategy="async-ps", workload="mlp", workers=2, speed=straggler,
-              options={"mode": "async"}),
-            h(key="ddp-mlp-tw2", what="timed-wait compute", strategy="ddp", workload="mlp",
-              workers=2, timed_wait=True),
-        )
-    tw8_stragglers = (1.0,) * 6 + (0.5,) * 2
-    return (
-        # real compute, 2 workers (one per core)
-        h(key="ddp-mlp-b32", what="other batch size", strategy="ddp", workload="mlp",
-          workers=2, batch_size=32),
-        h(key="ddp-mlp-bucket1", what="other DDP bucket size (1 MiB)", strategy="ddp",
-          workload="mlp", workers=2, options={"bucket_cap_MiB": 1.0}),
-        h(key="ddp-transformer-small", what="other workload", strategy="ddp",
-          workload="transformer-small", workers=2),
-        h(key="ddp-mlp-straggler", what="straggler (speed 0.5)", strategy="ddp",
-          workload="mlp", workers=2, speed=straggler),
-        h(key="ddp-mlp-link", what=f"slower link ({LINK_RATE_GBPS:g} Gbit/s cap)",
-          strategy="ddp", workload="mlp", workers=2, link_rate_Gbps=LINK_RATE_GBPS),
-        h(key="fsdp-mlp", what="FSDP full-shard", strategy="fsdp", workload="mlp",
-          workers=2, options={"variant": "full-shard"}),
-        h(key="sync-ps-mlp", what="sync PS, 2 workers", strategy="sync-ps", workload="mlp",
-          workers=2, options={"mode": "sync"}),
-        h(key="async-ps-mlp-straggler", what="async PS with a straggler",
-          strategy="async-ps", workload="mlp", workers=2, speed=straggler,
-          options={"mode": "async"}),
-        # timed-wait compute: more workers than cores
-        h(key="ddp-mlp-tw4", what="4 workers (timed-wait)", strategy="ddp", workload="mlp",
-          workers=4, timed_wait=True),
-        h(key="ddp-mlp-tw8", what="8 workers (timed-wait)", strategy="ddp", workload="mlp",
-          workers=8, timed_wait=True),
-        h(key="fsdp-grad-op-mlp-tw4", what="FSDP grad-op, 4 workers (timed-wait)",
-          strategy="fsdp", workload="mlp", workers=4, options={"variant": "grad-op"},
-          timed_wait=True),
-        h(key="sync-ps-mlp-tw4", what="sync PS, 4 workers (timed-wait)", strategy="sync-ps",
-          workload="mlp", workers=4, options={"mode": "sync"}, timed_wait=True),
-        h(key="async-ps-mlp-tw8", what="async PS, 8 workers, 2 stragglers (timed-wait)",
-          strategy="async-ps", workload="mlp", workers=8, speed=tw8_stragglers,
-          options={"mode": "async"}, timed_wait=True),
-        h(key="ssp-ps-mlp-tw4-straggler", what="SSP (bound 1), 4 workers, a straggler "
-          "(timed-wait)", strategy="ssp-ps", workload="mlp", workers=4,
-          speed=(1.0, 1.0, 1.0, 0.5), options={"mode": "ssp", "staleness_bound": 1},
-          timed_wait=True),
-    )
+def held_out_set(quick: bool = False, path: Path | None = None) -> tuple[HeldOut, ...]:
+    """Set B from its data file (perfmodel/data/heldout/local.toml): the [[full]] items, or
+    with --quick the [[quick]] ones (three 2-worker configurations: tests, a first look)."""
+    path = HELD_OUT_FILE if path is None else Path(path)
+    name = "quick" if quick else "full"
+    items = load_toml(path).get(name)
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        raise PerfmodelError(f"{path}: no [[{name}]] configurations of the held-out set")
+    out = tuple(_held_out_item(Fields(item, path, f"{name}[{n}].")) for n, item in
+                enumerate(items))
+    keys = [h.key for h in out]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise PerfmodelError(f"{path}: key(s) {', '.join(twice)} appear more than once in "
+                             f"[[{name}]]; every held-out configuration needs its own key")
+    return out
+
+
+def _held_out_item(f: Fields) -> HeldOut:
+    unknown = sorted(set(f.data) - set(HELD_OUT_FIELDS))
+    if unknown:
+        raise PerfmodelError(f"{f.path}: unknown field(s) {', '.join(unknown)} in "
+                             f"'{f.prefix.rstrip('.')}'; known: {', '.join(HELD_OUT_FIELDS)}")
+    speed = f.data.get("speed", [])
+    if not isinstance(speed, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in speed):
+        raise PerfmodelError(f"{f.path}: field '{f.prefix}speed' must be a list of positive "
+                             f"numbers")
+    options = f.data.get("options", {})
+    if not isinstance(options, dict):
+        raise PerfmodelError(f"{f.path}: field '{f.prefix}options' must be a table")
+    timed_wait = f.data.get("timed_wait", False)
+    if not isinstance(timed_wait, bool):
+        raise PerfmodelError(f"{f.path}: field '{f.prefix}timed_wait' must be true or false")
+    return HeldOut(
+        key=f.str("key"), what=f.str("what"), strategy=f.str("strategy"),
+        workload=f.str("workload"), workers=f.integer("workers", minimum=1),
+        batch_size=f.integer("batch_size", minimum=1) if f.has("batch_size") else None,
+        speed=tuple(float(v) for v in speed), options=dict(options), timed_wait=timed_wait,
+        link_rate_Gbps=(f.number("link_rate_Gbps", positive=True)
+                        if f.has("link_rate_Gbps") else None))
 
 
 # ---------------------------------------------------------------- set A and disjointness
