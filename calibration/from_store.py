@@ -21,7 +21,7 @@ What each kind of run (measure/store.py) feeds:
 - ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
   model's, and each rank's measured peak against perfmodel/memory.py ps_memory.
 - repeated training configurations (same config but for the calibration repeat marker): the
-  run-to-run spread, pooled CV of each run's median step time (calibration/uncertainty.py).
+  run-to-run spread, pooled CV of each run's median step time (perfmodel/uncertainty.py).
 
 A part without data keeps the base profile's value and is listed as unmeasured; a part with
 data that cannot be fitted is a PerfmodelError naming the measurements missing and the

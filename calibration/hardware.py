@@ -126,7 +126,7 @@ def _driver_listing() -> tuple[Gpu, ...]:
 
 
 def shipped_profile(name: str) -> ClusterProfile:
-    """A profile shipped in calibration/profiles/, ignoring any user profile of that name."""
+    """A profile shipped in perfmodel/data/profiles/, ignoring any user profile of that name."""
     path = SHIPPED_PROFILES / f"{name}.toml"
     return parse_profile(load_toml(path), path)
 

@@ -5,7 +5,7 @@ profile's value; everything else (device peaks and capacity, topology, what was 
 is copied from the base profile and listed in [calibration] as `unmeasured`. Provenance says
 `source = "measured"` with date, host, device names, versions and the number of runs; each
 fitted parameter's residuals go to [calibration.residuals."<field>"], and the relative errors
-calibration/uncertainty.py needs to [calibration] (perfmodel.cluster ignores both tables).
+perfmodel/uncertainty.py needs to [calibration] (read into ClusterProfile.calibration_errors).
 
 Writing is atomic (a temporary file in the same folder, flushed, then os.replace, which is
 atomic on POSIX and Windows), so a crash leaves the old profile or the new one, never half of
@@ -171,7 +171,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
 
 
 def _errors(fits: MeasuredFits, info: RunInfo) -> dict[str, float]:
-    """The relative errors calibration/uncertainty.py reads back, for what was measured."""
+    """The relative errors perfmodel/uncertainty.py reads back, for what was measured."""
     out = {}
     links = [f for f in (fits.intra_node, fits.inter_node) if f is not None]
     if links:

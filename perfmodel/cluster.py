@@ -1,6 +1,6 @@
 """Cluster profiles: devices, links and achieved efficiency, loaded from TOML data files.
 
-Shipped profiles live in `calibration/profiles/`; `perfmodel calibrate` writes measured ones
+Shipped profiles live in `perfmodel/data/profiles/`; `perfmodel calibrate` writes measured ones
 to the user profile folder (`$PERFMODEL_PROFILES`, default `~/.local/share/perfmodel/profiles`),
 which takes precedence over a shipped profile of the same name.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import Fields, load_toml
+from perfmodel.uncertainty import CalibrationErrors, calibration_errors
 
-SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
+SHIPPED_PROFILES = Path(__file__).resolve().parent / "data" / "profiles"
 PRECISION_KEYS = ("fp32", "tf32", "bf16", "fp16")
 
 
@@ -131,6 +132,9 @@ class ClusterProfile:
     # Cores that drive communication on a node (a CPU backend such as gloo copies and
     # reduces on the host's cores); 0 = the links move data themselves (NVLink, NIC DMA).
     comm_cpu_cores_per_node: int = 0
+    # A measured profile's [calibration] residuals and run spread (perfmodel/uncertainty.py);
+    # None for spec-derived profiles and calibrations that skipped compute or the network.
+    calibration_errors: CalibrationErrors | None = None
 
     def comm_cpu_share(self, workers: int) -> float:
         """How much slower a collective runs because its ranks share the node's cores: a
@@ -213,7 +217,15 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,
+        calibration_errors=_calibration_errors(data, path),
     )
+
+
+def _calibration_errors(data: dict, path: Path) -> CalibrationErrors | None:
+    try:
+        return calibration_errors(data)
+    except PerfmodelError as e:
+        raise PerfmodelError(f"{path}: {e}") from None
 
 
 def profile_paths() -> dict[str, Path]:

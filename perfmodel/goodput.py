@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from calibration.uncertainty import PredictionInterval, prediction_interval
 from perfmodel import strategies as strategy_records
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, summarise
@@ -49,6 +48,7 @@ from perfmodel.sim.elastic import (
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.tomlfile import Fields, load_toml
+from perfmodel.uncertainty import PredictionInterval, prediction_interval
 
 SERIES_BINS = 200               # points of the throughput-over-time series
 DOWN_STATES = ("detecting", "restarting")

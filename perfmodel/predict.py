@@ -5,7 +5,7 @@ window: every worker's warm-up steps are left out, and throughput counts the ste
 between the moment all workers have warmed up and the moment the first worker finishes.
 
 A measured profile also gives an interval around the mean step time, from its calibration
-residuals and run-to-run spread (calibration/uncertainty.py; log-normal, 90 % by default),
+residuals and run-to-run spread (perfmodel/uncertainty.py; log-normal, 90 % by default),
 with the compute share c = compute_s / step and the rest, 1 − c, charged to the network
 model (communication, waiting and the server's apply all come from measured rates). A
 spec-derived profile has no residuals: its predictions carry no interval, and say so.
@@ -19,13 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from calibration.uncertainty import PredictionInterval, calibration_errors, prediction_interval
-from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
-from perfmodel.tomlfile import load_toml
+from perfmodel.uncertainty import PredictionInterval, prediction_interval
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,12 +183,7 @@ def step_time_interval(scenario: Scenario, summary: Summary
         return None, (f"'{cluster.name}' is a spec-derived profile: nothing was measured, so "
                       f"there is no interval; calibrate it on the cluster with `perfmodel "
                       f"calibrate --cluster {cluster.name}`")
-    if not cluster.path.is_file():
-        return None, f"the measured profile's file {cluster.path} is gone"
-    try:
-        errors = calibration_errors(load_toml(cluster.path))
-    except PerfmodelError as e:
-        raise PerfmodelError(f"{cluster.path}: {e}") from None
+    errors = cluster.calibration_errors
     if errors is None:
         return None, (f"{cluster.path} lacks calibration.network_rms_rel, compute_rms_rel or "
                       f"run_spread_cv: its calibration did not measure the network, compute "

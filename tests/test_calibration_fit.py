@@ -26,11 +26,11 @@ from calibration.fit_compute import (
 from calibration.fit_memory import MemorySample, fit_memory
 from calibration.fit_network import CollectiveSample, fit_link, fit_network
 from calibration.fit_ps import fit_push_link, fit_push_rate, fit_server_apply
-from calibration.uncertainty import prediction_interval
 from perfmodel.cluster import Link, interpolate_log
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import collective_s, sendrecv_s
 from perfmodel.sim.compute import pass_seconds
+from perfmodel.uncertainty import prediction_interval
 from tests.factories import flat_link, make_cluster
 
 NOISE = 0.03                 # multiplicative noise on every synthetic time (3 %)
@@ -245,7 +245,7 @@ def test_ps_apply_rate_and_push_link():
     assert rate.value == pytest.approx(1.2, rel=PARAM_TOL)
 
 
-# --- prediction interval (calibration/uncertainty.py) ----------------------------------------
+# --- prediction interval (perfmodel/uncertainty.py) ----------------------------------------
 
 COVERAGE_TOL = 0.01          # Monte Carlo: 20,000 draws give a standard error of ~0.2 %
 

@@ -28,9 +28,9 @@ from calibration.profile_writer import (
     to_toml,
     write_profile,
 )
-from calibration.uncertainty import calibration_errors
 from perfmodel.cluster import load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
+from perfmodel.uncertainty import calibration_errors
 from tests.test_calibration_fit import UNITS, compute_cluster, sweep, truth_cluster, unit_timings
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)

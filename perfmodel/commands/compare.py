@@ -68,9 +68,9 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
       perfmodel compare --cluster local --quick --out /tmp/first-look
       perfmodel compare --cluster local --profile ~/.local/share/perfmodel/profiles/local.toml
     """
-    from calibration.uncertainty import calibration_errors
     from measure.store import Store
     from perfmodel.compare import protocol, run
+    from perfmodel.uncertainty import calibration_errors
 
     started = time.monotonic()
     store = Store(db)

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from calibration.uncertainty import prediction_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.goodput import RECOVERY_SPREAD_CV, RateTable, job_for
 from perfmodel.sim.elastic import ElasticConfig, ElasticResult, Job, MembershipEvent, Rate
 from perfmodel.sim.elastic import simulate as simulate_membership
+from perfmodel.uncertainty import prediction_interval
 from perfmodel.workload import load_workload
 
 POLL_S = 0.2                    # measure.launch.POLL_S: the killer's look interval

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibration.uncertainty import CalibrationErrors
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare import elastic
 from perfmodel.compare.elastic import CALIBRATION, HELD_OUT, ElasticItem
@@ -20,6 +19,7 @@ from perfmodel.compare.run import step_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import predict
 from perfmodel.sim.scenario import Scenario
+from perfmodel.uncertainty import CalibrationErrors
 from perfmodel.workload import load_workload
 
 TIMEOUT_S = 120.0               # process-group timeout of each elastic run

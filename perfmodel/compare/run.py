@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from calibration.uncertainty import CalibrationErrors, prediction_interval
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare.matching import (
@@ -35,6 +34,7 @@ from perfmodel.compare.protocol import (
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
+from perfmodel.uncertainty import CalibrationErrors, prediction_interval
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 

@@ -175,7 +175,7 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
     table = data.get("calibration") or {}
     loads = list(found.load.values())
     errors = [table.get(k) for k in ("network_rms_rel", "compute_rms_rel", "run_spread_cv")]
-    interval = ("90 % prediction intervals (calibration/uncertainty.py) from the profile's "
+    interval = ("90 % prediction intervals (perfmodel/uncertainty.py) from the profile's "
                 f"residuals (network {errors[0]:.1%}, compute {errors[1]:.1%} RMS) and "
                 f"run-to-run spread {errors[2]:.1%}" if None not in errors else
                 "no prediction intervals: the calibration lacks network, compute or "
