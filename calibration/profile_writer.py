@@ -10,16 +10,15 @@ perfmodel/uncertainty.py needs to [calibration] (read into ClusterProfile.calibr
 Writing is atomic (a temporary file in the same folder, flushed, then os.replace, which is
 atomic on POSIX and Windows), so a crash leaves the old profile or the new one, never half of
 one; an existing profile is first copied to <name>.toml.bak-<UTC timestamp>. The TOML text is
-produced here (no dependency; Python's repr of a float is valid TOML and round-trips exactly)
-and checked by parsing it back with tomllib and perfmodel.cluster.parse_profile before it
-replaces anything.
+produced by perfmodel/tomlfile.py `to_toml` (no dependency; Python's repr of a float is valid
+TOML and round-trips exactly) and checked by parsing it back with tomllib and
+perfmodel.cluster.parse_profile before it replaces anything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import math
 import os
 import re
 import shutil
@@ -35,8 +34,8 @@ from calibration.fit_memory import MemoryFit
 from calibration.fit_network import LinkFit
 from perfmodel.cluster import ClusterProfile, Link, parse_profile, user_profile_dir
 from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import to_toml
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # Profile fields calibration can measure; those it did not are listed as `unmeasured`.
 MEASURABLE_FIELDS = (
@@ -200,70 +199,6 @@ def _link(fit: LinkFit | None, base: Link) -> dict[str, Any]:
     if fit.time_factor_by_op:
         out["time_factor_by_op"] = dict(fit.time_factor_by_op)
     return out
-
-
-# --- TOML text ----------------------------------------------------------------------------
-
-def to_toml(data: dict[str, Any], header: str = "") -> str:
-    """TOML text for nested dicts of str, int, float, bool and lists of those (or of lists)."""
-    lines = [f"# {line}" for line in header.splitlines()]
-    _emit_table(data, [], lines)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _emit_table(table: dict[str, Any], path: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
-    if path and (scalars or not tables):
-        lines += ["", "[" + ".".join(_key(p) for p in path) + "]"]
-    for key, value in scalars.items():
-        where = ".".join(path + [key])
-        if isinstance(value, (list, tuple)) and len(value) > 2 and \
-                all(isinstance(v, (list, tuple, str)) for v in value):
-            # a curve or a list of notes: one item per line
-            lines.append(f"{_key(key)} = [")
-            lines += [f"  {_value_text(v, where)}," for v in value]
-            lines.append("]")
-        else:
-            lines.append(f"{_key(key)} = {_value_text(value, where)}")
-    for key, sub in tables.items():
-        _emit_table(sub, path + [key], lines)
-
-
-def _key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else _string(key)
-
-
-def _value_text(value: Any, where: str) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise PerfmodelError(f"profile field '{where}' = {value!r} is not a finite number; "
-                                 f"the fit that produced it failed")
-        return repr(value)
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value_text(v, where) for v in value) + "]"
-    raise PerfmodelError(f"profile field '{where}' has a value of type {type(value).__name__} "
-                         f"that a TOML profile cannot hold")
-
-
-def _string(s: str) -> str:
-    escapes = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
-               "\r": "\\r"}
-    out = []
-    for ch in s:
-        if ch in escapes:
-            out.append(escapes[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 # --- atomic write -------------------------------------------------------------------------

@@ -1,12 +1,17 @@
-"""Reading TOML data files into plain dicts with errors that name the file and the field."""
+"""TOML data files: reading them into plain dicts with errors that name the file and the field,
+and the one TOML writer (`to_toml`: profiles, the held-out report's profile, any data file)."""
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from perfmodel.errors import PerfmodelError
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -85,3 +90,69 @@ class Fields:
         if any(not 0 < y <= 1 for y in ys):
             raise PerfmodelError(f"{self._where(key)}: fractions must lie in (0, 1]")
         return tuple(zip(xs, ys, strict=True))
+
+
+# ---------------------------------------------------------------- writing
+
+def to_toml(data: dict[str, Any], header: str = "") -> str:
+    """TOML text for nested dicts of str, int, float, bool and lists of those (or of lists),
+    `header` as comment lines first. A float that is not finite is refused, never written."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    _emit_table(data, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _emit_table(table: dict[str, Any], path: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if path and (scalars or not tables):
+        lines += ["", "[" + ".".join(_key(p) for p in path) + "]"]
+    for key, value in scalars.items():
+        where = ".".join(path + [key])
+        if isinstance(value, (list, tuple)) and len(value) > 2 and \
+                all(isinstance(v, (list, tuple, str)) for v in value):
+            # a curve or a list of notes: one item per line
+            lines.append(f"{_key(key)} = [")
+            lines += [f"  {toml_value(v, where)}," for v in value]
+            lines.append("]")
+        else:
+            lines.append(f"{_key(key)} = {toml_value(value, where)}")
+    for key, sub in tables.items():
+        _emit_table(sub, path + [key], lines)
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
+
+
+def toml_value(value: Any, where: str = "value") -> str:
+    """One TOML value; `where` names it in the error for a value TOML cannot hold."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PerfmodelError(f"field '{where}' = {value!r} is not a finite number; "
+                                 f"the fit that produced it failed")
+        return repr(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v, where) for v in value) + "]"
+    raise PerfmodelError(f"field '{where}' has a value of type {type(value).__name__} "
+                         f"that TOML cannot hold")
+
+
+def _string(s: str) -> str:
+    escapes = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+               "\r": "\\r"}
+    out = []
+    for ch in s:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

@@ -206,7 +206,7 @@ def test_a_calibration_from_another_host_is_refused_in_one_line():
 def _measured_profile(tmp_path: Path, host: str) -> Path:
     import tomllib
 
-    from calibration.profile_writer import to_toml
+    from perfmodel.tomlfile import to_toml
 
     data = tomllib.loads((REPO / "perfmodel" / "data" / "profiles" / "local.toml").read_text())
     data["provenance"] |= {"source": "measured", "host": host}

@@ -25,11 +25,11 @@ from calibration.profile_writer import (
     MeasuredFits,
     RunInfo,
     build_profile,
-    to_toml,
     write_profile,
 )
 from perfmodel.cluster import load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import to_toml
 from perfmodel.uncertainty import calibration_errors
 from tests.test_calibration_fit import UNITS, compute_cluster, sweep, truth_cluster, unit_timings
 

@@ -215,8 +215,8 @@ def _calibrate(cluster: str, store, here: str, max_time_s: float, hidden: bool,
 
 
 def _write_profile(data: dict[str, Any], path: Path):
-    from calibration.profile_writer import to_toml
     from perfmodel.cluster import parse_profile
+    from perfmodel.tomlfile import to_toml
 
     text = to_toml(data, header="Profile fitted by perfmodel compare from calibration set A.")
     path.write_text(text, encoding="utf-8")
