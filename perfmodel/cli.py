@@ -21,6 +21,7 @@ COMMANDS = {
     "compare": "Predict held-out configurations, measure them, and report the errors.",
     "recommend": "Rank DDP, FSDP and the PS modes by predicted time to accuracy, and say why.",
     "calibrate": "Measure this machine or cluster and write a calibrated profile (needs torch).",
+    "findings": "Reproduce the study's findings: report.md, figures and findings.csv.",
 }
 
 
