@@ -12,7 +12,8 @@ Steps (one command, resumable: runs already recorded are not repeated):
    profile with no mitigation and with the staleness-aware rate, and DC-ASGD on a subset
    (DC_FIT_PROFILES and the held-out ones), at seed 0 (the same initial weights and batches
    as synchronous seed 0: common random numbers). Results go to
-   RUNS_FILE, which the tests read as their fixture.
+   RUNS_FILE (perfmodel/data/accuracy/mlp_runs.json), which the tests and the findings
+   report (perfmodel/findings/) read.
 3. Fits, per setting: the learning curve (scipy least squares on the synchronous runs); β per
    mitigation and the rate exponent κ (bounded least squares over the stable runs, on their
    evaluations from WORTH_FIT_FROM of the budget on); and the threshold on the instability
@@ -57,7 +58,9 @@ from perfmodel.accuracy.model import (
 from perfmodel.errors import PerfmodelError
 
 REPO = Path(__file__).resolve().parent.parent
-RUNS_FILE = REPO / "tests" / "fixtures" / "accuracy_runs_mlp.json"
+# The recorded harness runs the shipped model is fitted on; shipped beside it (the findings
+# report reads them too).
+RUNS_FILE = ACCURACY_DIR / "mlp_runs.json"
 MODEL_FILE = ACCURACY_DIR / "mlp.toml"
 # (optimizer, learning rate, updates per run): the mlp workload's own first, at a budget
 # where its synchronous runs have levelled off; then a 5x smaller rate, which stays stable

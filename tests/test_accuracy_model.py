@@ -3,7 +3,7 @@
 Sources: effective updates Σ1/(1+βτ) and a divergence threshold on staleness × rate
 (DESIGN.md "Staleness and accuracy"); fixed rates diverge at large staleness and the
 staleness-aware rate α₀/τ recovers (Zhang et al. 2016). The recorded runs are
-tests/fixtures/accuracy_runs_mlp.json (measure/staleness_harness.py, written by
+perfmodel/data/accuracy/mlp_runs.json (measure/staleness_harness.py, written by
 calibration/fit_accuracy.py); held-out profiles were never used in the fit.
 """
 
