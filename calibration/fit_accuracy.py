@@ -414,7 +414,8 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
     """The data file's text (floats as Python's repr, which TOML reads back exactly)."""
     lines = [
         "# The accuracy cost of gradient staleness for the mlp workload on digits, fitted by",
-        f"# `{COMMAND}` from measure/staleness_harness.py runs ({RUNS_FILE.name}).",
+        f"# `{COMMAND}` from measure/staleness_harness.py runs "
+        f"({Path(prov['runs_file']).name}).",
         "# Model: perfmodel/accuracy/model.py. Regenerate; do not edit by hand.",
         'workload = "mlp"', 'data_set = "digits"', f'caveat = "{CAVEAT}"',
         f"chance_accuracy = {CHANCE_ACCURACY!r}", "batch_size = 64",
@@ -461,15 +462,18 @@ def _toml_value(v: Any) -> str:
     return json.dumps(str(v), ensure_ascii=False)
 
 
-def write_model(data: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Fit, write the data file (checked by parsing it back), run the held-out check on it."""
+def write_model(data: dict[str, Any], out: Path,
+                runs: Path = RUNS_FILE) -> list[dict[str, Any]]:
+    """Fit, write the data file (checked by parsing it back), run the held-out check on it;
+    `runs` is the file `data` was read from, named in the provenance."""
     fitted = fit_model(data)
     prov = {**data["provenance"],
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "runs_recorded": data["provenance"]["date"], "runs": len(data["runs"]),
             "held_out_extra_seeds": list(HELD_OUT_EXTRA_SEEDS),
             "stable_held_out_more_seeds": list(STABLE_HELD_OUT_MORE_SEEDS),
-            "runs_file": str(RUNS_FILE.relative_to(REPO))}
+            "runs_file": str(runs.resolve().relative_to(REPO)
+                             if runs.resolve().is_relative_to(REPO) else runs)}
     text = model_toml(fitted, prov, None)
     model = parse_accuracy_model(tomllib.loads(text), out)
     check = held_out_check(data, model)
@@ -483,14 +487,28 @@ def write_model(data: dict[str, Any], out: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=COMMAND, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.splitlines()[0] + "\n\n"
+        "Runs the staleness harness for every setting and profile not yet recorded in\n"
+        "--runs (resumable; about an hour on one core; needs torch and scikit-learn), fits\n"
+        "the model, writes --out and prints the held-out check. Steps and choices: the\n"
+        "module's docstring (calibration/fit_accuracy.py).",
+        epilog="examples:\n"
+               f"  {COMMAND} --fit-only        # refit from the shipped runs\n"
+               f"  {COMMAND}                   # record the missing runs, then fit\n"
+               f"  {COMMAND} --fit-only --out /tmp/mlp.toml")
     parser.add_argument("--fit-only", action="store_true",
                         help="refit from the recorded runs without running the harness")
-    parser.add_argument("--runs", type=Path, default=RUNS_FILE)
-    parser.add_argument("--out", type=Path, default=MODEL_FILE)
+    parser.add_argument("--runs", type=Path, default=RUNS_FILE, metavar="JSON",
+                        help="recorded harness runs, read and (without --fit-only) extended "
+                             f"(default: {RUNS_FILE.relative_to(REPO)})")
+    parser.add_argument("--out", type=Path, default=MODEL_FILE, metavar="TOML",
+                        help="fitted accuracy model to write "
+                             f"(default: {MODEL_FILE.relative_to(REPO)})")
     args = parser.parse_args(argv)
     data = json.loads(args.runs.read_text()) if args.fit_only else record_runs(args.runs)
-    check = write_model(data, args.out)
+    check = write_model(data, args.out, args.runs)
     for r in check:
         print(f"held out {r['optimizer']} lr {r['lr']:g} {r['profile']:>8} {r['mitigation']:>15}"
               f": penalty predicted {r['predicted_penalty_points']:5.1f} observed "

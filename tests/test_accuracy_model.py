@@ -21,12 +21,14 @@ from hypothesis import strategies as st
 
 from calibration.fit_accuracy import (
     HELD_OUT,
+    REPO,
     RUNS_FILE,
     fit_model,
     held_out_check,
     observed,
     profile_values,
 )
+from calibration.fit_accuracy import main as fit_accuracy_main
 from perfmodel.accuracy.cost import for_prediction, staleness_cost
 from perfmodel.accuracy.model import LearningCurve, load_accuracy_model
 from perfmodel.cluster import load_cluster
@@ -65,6 +67,15 @@ def test_data_file_has_provenance(model):
         assert key in prov, key
     assert prov["command"].startswith("python -m calibration.fit_accuracy")
     assert "Dai et al. 2019" in model.caveat
+    assert REPO / prov["runs_file"] == RUNS_FILE and RUNS_FILE.is_file()   # shipped with it
+
+
+def test_fit_accuracy_entry_point_has_help_with_examples(capsys):
+    with pytest.raises(SystemExit) as done:
+        fit_accuracy_main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "usage: python -m calibration.fit_accuracy" in out and "examples:" in out
 
 
 def test_data_file_is_the_fit_of_the_recorded_runs(runs, model):
