@@ -67,8 +67,15 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("perfmodel: interrupted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:     # bare `perfmodel`: the help, exit 0
+        click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+        sys.exit(0)
+    except click.UsageError as e:         # one line, as every other error: what and where
+        where = e.ctx.command_path if e.ctx is not None else "perfmodel"
+        click.echo(f"perfmodel: error: {e.format_message()} (see '{where} --help')", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"perfmodel: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("perfmodel: interrupted", err=True)

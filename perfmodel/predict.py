@@ -113,7 +113,16 @@ class Prediction:
     def speedup(self) -> float:
         return self.summary.throughput_samples_per_s / self.baseline_throughput_samples_per_s
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, host_timings: bool = False) -> dict[str, Any]:
+        """The prediction as JSON: the same bytes for the same inputs and seed. The host's
+        wall time and event rate (they differ run to run) only with `host_timings`."""
+        out = self._model_json()
+        if host_timings:
+            out["simulation"]["wall_s"] = self.wall_s
+            out["simulation"]["events_per_s"] = self.result.events / max(self.wall_s, 1e-9)
+        return out
+
+    def _model_json(self) -> dict[str, Any]:
         s, sc = self.summary, self.scenario
         prov = sc.cluster.provenance
         return {
@@ -141,8 +150,7 @@ class Prediction:
                           "p95": s.staleness.p95, "max": s.staleness.max,
                           "per_worker_mean": list(s.staleness_per_worker)},
             "provenance": {k: v for k, v in asdict(prov).items() if v not in ("", 0, ())},
-            "simulation": {"events": self.result.events, "wall_s": self.wall_s,
-                           "events_per_s": self.result.events / max(self.wall_s, 1e-9),
+            "simulation": {"events": self.result.events,
                            "steps_per_worker": sc.steps, "warmup_steps": sc.warmup_steps,
                            "notes": list(self.result.notes)},
         }

@@ -11,6 +11,12 @@ from typing import Any
 
 from perfmodel.errors import PerfmodelError
 
+# No quantity in a profile or workload comes near this (bytes of a message, FLOPs per sample
+# are < 1e13); a larger number is a typo that would overflow to infinity downstream.
+MAX_NUMBER = 1e15
+# A rate or size that must be positive and is below this divides something into infinity.
+MIN_POSITIVE = 1e-9
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -56,15 +62,20 @@ class Fields:
         value = self.data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PerfmodelError(f"{self._where(key)} is missing or not a number")
-        if value < minimum or (positive and value <= 0):
-            bound = "> 0" if positive else f">= {minimum:g}"
+        if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+            raise PerfmodelError(f"{self._where(key)} = {value!r} is not a finite number "
+                                 f"of at most {MAX_NUMBER:g}")
+        if value < minimum or (positive and value < MIN_POSITIVE):
+            bound = f">= {MIN_POSITIVE:g}" if positive else f">= {minimum:g}"
             raise PerfmodelError(f"{self._where(key)} = {value!r} is not {bound}")
         return float(value)
 
     def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:
         value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise PerfmodelError(f"{self._where(key)} must be an integer >= {minimum}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+                or value > MAX_NUMBER:
+            raise PerfmodelError(f"{self._where(key)} must be an integer in [{minimum}, "
+                                 f"{MAX_NUMBER:g}]")
         return value
 
     def str_list(self, key: str, default: list[str] | None = None) -> tuple[str, ...]:
@@ -85,6 +96,8 @@ class Fields:
             raise PerfmodelError(f"{self._where(key)} must be a list of [size, fraction] pairs")
         xs = [float(p[0]) for p in value]
         ys = [float(p[1]) for p in value]
+        if not all(math.isfinite(v) and abs(v) <= MAX_NUMBER for v in xs + ys):
+            raise PerfmodelError(f"{self._where(key)}: every value must be a finite number")
         if any(b <= a for a, b in zip(xs, xs[1:], strict=False)) or xs[0] <= 0:
             raise PerfmodelError(f"{self._where(key)}: sizes must be positive and increasing")
         if any(not 0 < y <= 1 for y in ys):

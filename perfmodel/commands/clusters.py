@@ -7,6 +7,7 @@ import json
 import click
 
 from perfmodel.cluster import load_cluster, profile_paths
+from perfmodel.errors import PerfmodelError
 
 
 @click.command("clusters")
@@ -21,9 +22,13 @@ def command(as_json: bool) -> None:
     Example:
       perfmodel clusters
     """
-    rows = []
+    rows, broken = [], []
     for name, path in profile_paths().items():
-        c = load_cluster(name)
+        try:
+            c = load_cluster(name)
+        except PerfmodelError as e:         # one broken file hides no other profile
+            broken.append({"name": name, "path": str(path), "error": str(e)})
+            continue
         rows.append({
             "name": c.name, "description": c.description, "source": c.provenance.source,
             "device": c.device.name, "memory_GiB": c.device.memory_GiB,
@@ -31,6 +36,8 @@ def command(as_json: bool) -> None:
             "intra_node_GBps": c.intra_node.bandwidth_GBps,
             "inter_node_GBps": c.inter_node.bandwidth_GBps, "path": str(path),
         })
+    for b in broken:
+        click.echo(f"perfmodel: warning: profile '{b['name']}' skipped: {b['error']}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -7,12 +7,25 @@ from typing import Any
 
 import click
 
+from perfmodel import budget
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
-from perfmodel.sim.scenario import JITTER_KINDS, Scenario
+from perfmodel.sim.scenario import JITTER_KINDS, MAX_JITTER_CV, Scenario
 from perfmodel.workload import load_workload
+
+
+class Finite(click.FloatRange):
+    """A float in a range that is also a number: NaN and infinity are refused by name."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return value
 
 
 def scenario_options(f):
@@ -22,26 +35,30 @@ def scenario_options(f):
                      help="Cluster profile (see `perfmodel clusters`)."),
         click.option("--workload", default="resnet50", show_default=True,
                      help="Workload name (see `perfmodel workloads`) or a workload .toml path."),
-        click.option("--batch-size", type=int, default=None,
+        click.option("--batch-size", type=click.IntRange(1), default=None,
                      help="Samples per worker per step [default: the workload's]."),
         click.option("--steps", type=click.IntRange(3, 100_000), default=20, show_default=True,
                      help="Steps (pushes, for PS) per worker to simulate; the first 2 are "
                           "warm-up."),
-        click.option("--seed", type=int, default=0, show_default=True,
+        click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
                      help="Seed of the random generator (jitter)."),
         click.option("--speed", default=None, metavar="S1,S2,...",
                      help="Relative speed of each worker (1 = nominal, 0.25 = four times "
                           "slower), one per worker."),
         click.option("--stragglers", type=click.IntRange(0), default=0,
                      help="Make this many workers stragglers (the last ones)."),
-        click.option("--straggler-speed", type=click.FloatRange(0, 1, min_open=True),
+        click.option("--straggler-speed", type=Finite(0, 1, min_open=True),
                      default=0.5, show_default=True, help="Relative speed of a straggler."),
         click.option("--jitter", type=click.Choice(JITTER_KINDS), default="lognormal",
                      show_default=True,
                      help="Step-to-step compute variation: lognormal with the profile's CV, "
                           "exponential (CV 1) or none."),
-        click.option("--jitter-cv", type=click.FloatRange(0), default=None,
+        click.option("--jitter-cv", type=Finite(0, MAX_JITTER_CV), default=None,
                      help="Coefficient of variation of lognormal jitter [default: profile's]."),
+        click.option("--max-events", type=Finite(1), default=budget.DEFAULT_MAX_EVENTS,
+                     show_default=True,
+                     help="Refuse a simulation estimated above this many events (a guard "
+                          "against a typo taking the machine; perfmodel/budget.py)."),
     ]):
         f = opt(f)
     return f
@@ -50,9 +67,11 @@ def scenario_options(f):
 def strategy_options(f):
     """Options of individual strategies; giving one to a strategy it does not fit is an error."""
     for opt in reversed([
-        click.option("--bucket-cap-MiB", "bucket_cap_MiB", type=float, default=None,
+        click.option("--bucket-cap-MiB", "bucket_cap_MiB", type=Finite(0, min_open=True),
+                     default=None,
                      help="ddp: gradient bucket cap [25]."),
-        click.option("--first-bucket-MiB", "first_bucket_MiB", type=float, default=None,
+        click.option("--first-bucket-MiB", "first_bucket_MiB", type=Finite(0, min_open=True),
+                     default=None,
                      help="ddp: first bucket size [1]."),
         click.option("--allreduce", type=click.Choice(["auto", "ring", "tree"]), default=None,
                      help="ddp: all-reduce algorithm; auto takes the faster per bucket, as "
@@ -82,23 +101,23 @@ def elastic_options(f):
                      help="Membership events: fail, leave or join of worker i at a time in "
                           "s (or 5m, 2h), e.g. fail:3@120,join:3@300; or a TOML file of "
                           "[[events]] tables (kind, worker, time_s)."),
-        click.option("--failure-rate-per-hour", type=click.FloatRange(0, min_open=True),
+        click.option("--failure-rate-per-hour", type=Finite(0, min_open=True),
                      default=None, help="Poisson failures per worker per hour (sampled with "
                                         "--seed), instead of --events."),
-        click.option("--replace-after-s", type=click.FloatRange(0), default=0.0,
+        click.option("--replace-after-s", type=Finite(0), default=0.0,
                      show_default=True, help="With a failure rate: a failed worker's "
                                              "replacement joins this long after."),
-        click.option("--run-hours", type=click.FloatRange(0, min_open=True), default=None,
+        click.option("--run-hours", type=Finite(0, min_open=True), default=None,
                      help="Length of the run [24 with a failure rate, else twice the last "
                           "event and at least 1]."),
-        click.option("--checkpoint-interval-s", type=click.FloatRange(0, min_open=True),
+        click.option("--checkpoint-interval-s", type=Finite(0, min_open=True),
                      default=None, help="ddp, fsdp: training seconds between checkpoints "
                                         "[1800]."),
-        click.option("--checkpoint-write-s", type=click.FloatRange(0), default=None,
+        click.option("--checkpoint-write-s", type=Finite(0), default=None,
                      help="ddp, fsdp: seconds one checkpoint blocks training [10]."),
-        click.option("--detection-s", type=click.FloatRange(0), default=None,
+        click.option("--detection-s", type=Finite(0), default=None,
                      help="Seconds until a failure is noticed [15]."),
-        click.option("--restart-s", type=click.FloatRange(0), default=None,
+        click.option("--restart-s", type=Finite(0), default=None,
                      help="ddp, fsdp: rendezvous, restart and reload after a change [60]."),
         click.option("--min-workers", type=click.IntRange(1), default=None,
                      help="ddp, fsdp: torchrun --nnodes MIN; fewer and the job waits [1]."),
@@ -115,12 +134,21 @@ ELASTIC_OPTION_NAMES = ("events", "failure_rate_per_hour", "replace_after_s", "r
                         "restart_s", "min_workers", "sync_ps_on_departure")
 
 
-def pop_elastic_options(kwargs: dict[str, Any]):
-    """The elasticity config of the options given (None: none given); seed stays in kwargs."""
+def pop_elastic_options(kwargs: dict[str, Any], workers: int):
+    """The elasticity config of the options given (None: none given), its size checked
+    against --max-events for a pool of `workers`; seed and max_events stay in kwargs."""
     from perfmodel.goodput import elastic_config
 
     given = {k: kwargs.pop(k, None) for k in ELASTIC_OPTION_NAMES}
-    return elastic_config(**given, seed=kwargs.get("seed", 0))
+    config = elastic_config(**given, seed=kwargs.get("seed", 0))
+    if config is not None:
+        estimate = budget.elastic_events(
+            run_s=config.run_s, checkpoint_interval_s=config.checkpoint_interval_s,
+            membership_events=len(config.events),
+            failure_rate_per_hour=config.failure_rate_per_hour, workers=workers)
+        budget.check(estimate, kwargs.get("max_events", budget.DEFAULT_MAX_EVENTS),
+                     f"the elasticity timeline ({config.run_s / 3600:,.4g} h)")
+    return config
 
 
 def pop_strategy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -167,9 +195,12 @@ def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,
 
 def build_scenario(*, workers: int, cluster: str, workload: str, batch_size: int | None,
                    steps: int, seed: int, speed: str | None, stragglers: int,
-                   straggler_speed: float, jitter: str, jitter_cv: float | None) -> Scenario:
+                   straggler_speed: float, jitter: str, jitter_cv: float | None,
+                   max_events: float = budget.DEFAULT_MAX_EVENTS) -> Scenario:
     if jitter_cv is not None and jitter != "lognormal":
         raise PerfmodelError("--jitter-cv applies to --jitter lognormal only")
+    budget.check(budget.step_events(workers, steps), max_events,
+                 f"{workers:,} workers x {steps} steps")
     w = load_workload(workload)
     return Scenario(
         cluster=load_cluster(cluster), workload=w, workers=workers,

@@ -34,8 +34,12 @@ GIB = 2**30
 @click.option("--allow-oom", is_flag=True,
               help="Report a configuration that does not fit in device memory instead of "
                    "refusing it.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def command(strategy, workers, allow_oom, as_json, **kwargs):
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output, byte-identical for the same inputs and --seed.")
+@click.option("--timings", is_flag=True,
+              help="Add the simulation's host wall time and event rate to --json (they differ "
+                   "from run to run).")
+def command(strategy, workers, allow_oom, as_json, timings, **kwargs):
     """Predict throughput, step time, memory and staleness of one configuration.
 
     The numbers come from a SimPy discrete-event simulation of every worker's compute and
@@ -55,7 +59,7 @@ def command(strategy, workers, allow_oom, as_json, **kwargs):
     if workers < 1:
         raise PerfmodelError(f"--workers must be at least 1, got {workers}")
     options = pop_strategy_options(kwargs)
-    elastic = pop_elastic_options(kwargs)
+    elastic = pop_elastic_options(kwargs, workers)
     scenario = build_scenario(workers=workers, **kwargs)
     p = predict(strategy, scenario, **options)
     if not allow_oom:
@@ -73,7 +77,7 @@ def command(strategy, workers, allow_oom, as_json, **kwargs):
 
         accuracy = for_prediction(p)
     if as_json:
-        out = p.to_json()
+        out = p.to_json(host_timings=timings)
         if accuracy is not None:
             out["accuracy"] = accuracy.to_json()
         if elasticity is not None:

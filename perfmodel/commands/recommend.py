@@ -7,7 +7,7 @@ import math
 
 import click
 
-from perfmodel.commands.options import build_scenario, scenario_options
+from perfmodel.commands.options import Finite, build_scenario, scenario_options
 from perfmodel.errors import PerfmodelError
 from perfmodel.recommend import Recommendation, recommend
 
@@ -16,13 +16,13 @@ from perfmodel.recommend import Recommendation, recommend
 @click.option("--workers", required=True, type=int,
               help="Number of training workers (GPUs; PS servers come on top).")
 @scenario_options
-@click.option("--memory-budget-GiB", "memory_budget_GiB", type=click.FloatRange(0, min_open=True),
+@click.option("--memory-budget-GiB", "memory_budget_GiB", type=Finite(0, min_open=True),
               default=None, help="Memory per device a strategy may use [default: the device's].")
-@click.option("--target-accuracy", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--target-accuracy", type=Finite(0, 1, min_open=True, max_open=True),
               default=None, help="Accuracy to reach on the fitted workload [0.95].")
 @click.option("--optimizer", type=click.Choice(["sgd", "momentum"]), default=None,
               help="Optimizer of the accuracy model's fitted setting [the workload's: momentum].")
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--lr", type=Finite(0, min_open=True), default=None,
               help="Learning rate of the accuracy model's fitted setting [0.05].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(workers, memory_budget_GiB, target_accuracy, optimizer, lr, as_json, **kwargs):

@@ -68,7 +68,7 @@ def command(strategies, workers, out, as_json, **kwargs):
     if kwargs["stragglers"] > min(counts):
         raise PerfmodelError(f"--stragglers {kwargs['stragglers']} exceeds the smallest worker "
                              f"count {min(counts)}")
-    elastic = pop_elastic_options(kwargs)
+    elastic = pop_elastic_options(kwargs, max(counts))
     if elastic is not None and elastic.events:
         from perfmodel.goodput import check_events
 
@@ -83,6 +83,14 @@ def command(strategies, workers, out, as_json, **kwargs):
         raise PerfmodelError(f"option(s) {', '.join(sorted(unused))} apply to none of "
                              f"{', '.join(names)}")
 
+    out = out or Path(f"sweep-{kwargs['cluster']}-{Path(kwargs['workload']).stem}")
+    try:                                # before any work: an unwritable --out is one line
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-check").touch()
+        (out / ".write-check").unlink()
+    except OSError as e:
+        raise PerfmodelError(f"--out {out}: cannot write there ({e.strerror})") from None
+
     from perfmodel.sweep import plot, run_sweep, write_csv, write_json
 
     with click.progressbar(length=len(names) * len(counts), label="predicting",
@@ -91,8 +99,6 @@ def command(strategies, workers, out, as_json, **kwargs):
         rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1),
                          elastic=elastic)
     base = scenarios[0]
-    out = out or Path(f"sweep-{base.cluster.name}-{base.workload.name}")
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"cluster": base.cluster.name, "workload": base.workload.name,
             "batch_size": base.batch_size, "seed": base.seed, "options": per_strategy,
             "cluster_source": base.cluster.provenance.source}

@@ -11,6 +11,10 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.workload import Workload
 
 JITTER_KINDS = ("none", "lognormal", "exponential")
+# A worker 1000x slower or faster than nominal is a typo, not a cluster: a step of a 1e-12
+# speed would last billions of simulated seconds.
+MIN_SPEED, MAX_SPEED = 1e-3, 1e3
+MAX_JITTER_CV = 10.0            # lognormal CV; 10 already puts 1 % of steps above 148x the median
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,13 +42,18 @@ class Scenario:
         if self.speed and len(self.speed) != self.workers:
             raise PerfmodelError(f"{len(self.speed)} speed factors given for "
                                  f"{self.workers} workers; give one per worker")
-        if any(s <= 0 for s in self.speed):
-            raise PerfmodelError("speed factors must be positive (1 = nominal, 0.5 = half speed)")
+        if not all(MIN_SPEED <= s <= MAX_SPEED for s in self.speed):   # False for NaN too
+            bad = next(s for s in self.speed if not MIN_SPEED <= s <= MAX_SPEED)
+            raise PerfmodelError(f"speed factor {bad} is outside [{MIN_SPEED:g}, {MAX_SPEED:g}] "
+                                 "(1 = nominal, 0.5 = half speed)")
         if self.jitter not in JITTER_KINDS:
             raise PerfmodelError(f"unknown jitter '{self.jitter}'; choose from "
                                  f"{', '.join(JITTER_KINDS)}")
-        if self.jitter_cv is not None and self.jitter_cv < 0:
-            raise PerfmodelError("jitter CV must be >= 0")
+        if self.jitter_cv is not None and not 0 <= self.jitter_cv <= MAX_JITTER_CV:
+            raise PerfmodelError(f"jitter CV must be in [0, {MAX_JITTER_CV:g}], got "
+                                 f"{self.jitter_cv}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise PerfmodelError(f"seed must be a whole number >= 0, got {self.seed!r}")
 
     @property
     def speeds(self) -> np.ndarray:
