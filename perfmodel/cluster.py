@@ -238,10 +238,15 @@ def profile_paths() -> dict[str, Path]:
 
 
 def load_cluster(name: str) -> ClusterProfile:
+    """A profile by name (user profiles shadow shipped ones), or any profile file by path."""
     paths = profile_paths()
+    if name not in paths and name.endswith(".toml"):
+        path = Path(name)
+        return parse_profile(load_toml(path), path)
     if name not in paths:
         raise PerfmodelError(
-            f"unknown cluster '{name}'; choose from: {', '.join(sorted(paths))}")
+            f"unknown cluster '{name}'; choose from: {', '.join(sorted(paths))} (or give a "
+            f"path to a .toml profile file)")
     profile = parse_profile(load_toml(paths[name]), paths[name])
     if profile.name != name:
         raise PerfmodelError(f"{paths[name]}: field 'name' is '{profile.name}', expected '{name}'")

@@ -32,7 +32,8 @@ def scenario_options(f):
     """--cluster --workload --batch-size --steps --seed and the heterogeneity flags."""
     for opt in reversed([
         click.option("--cluster", default="a100", show_default=True,
-                     help="Cluster profile (see `perfmodel clusters`)."),
+                     help="Cluster profile name (see `perfmodel clusters`) or a profile "
+                          ".toml path."),
         click.option("--workload", default="resnet50", show_default=True,
                      help="Workload name (see `perfmodel workloads`) or a workload .toml path."),
         click.option("--batch-size", type=click.IntRange(1), default=None,
