@@ -171,20 +171,22 @@ def fsdp_memory(scenario: Scenario, variant: str, prefetch: int) -> MemoryBreakd
     ), scenario)
 
 
-def ps_memory(scenario: Scenario, servers: int) -> dict[str, MemoryBreakdown]:
-    """Peak bytes of a parameter-server worker and of one of `servers` servers.
+def ps_memory(scenario: Scenario, servers: int = 1, *, shard_params: tuple[float, ...] = (),
+              colocated: bool = False) -> dict[str, MemoryBreakdown]:
+    """Peak bytes of a parameter-server worker and of the fullest server's device.
 
     Worker: full parameters and gradients, no optimizer state (the server applies the
     update), activations, and two flat buffers of the model: the gradient it sends and the
     parameters it receives (measured on CPU: one buffer undercounted a PS worker by 14-25 %).
 
-    Server: its 1/`servers` share of the parameters, of the fp32 master weights and optimizer
-    state, an incoming gradient buffer and the flat parameter reply of that share. It
-    runs on the same kind of device as the workers (same capacity and framework overhead).
+    Server: the largest shard's parameters, fp32 master weights and optimizer state, an
+    incoming gradient buffer and the flat parameter reply of that shard (`shard_params`,
+    perfmodel/sim/psnet.py; default: `servers` even shards). It runs on the same kind of
+    device as the workers (same capacity and framework overhead). Colocated, it shares a
+    worker's device: that device holds the worker's parts plus the servers it hosts.
 
-    Approximations: parameters split evenly over servers; the server takes one push at a time
-    (FIFO apply), so it holds a single incoming buffer; a server serving many concurrent
-    pushes could hold more.
+    Approximation: the server takes one push at a time (FIFO apply), so it holds a single
+    incoming buffer; a server serving many concurrent pushes could hold more.
     """
     if servers < 1:
         raise PerfmodelError(f"a parameter server setup needs at least 1 server, got {servers}")
@@ -198,14 +200,21 @@ def ps_memory(scenario: Scenario, servers: int) -> dict[str, MemoryBreakdown]:
         comm_buffers_bytes=w.params * (p.param_bytes + p.grad_bytes),   # flat send + receive
         **common,
     )
-    share = w.params / servers
+    share = max(shard_params) if shard_params else w.params / servers
+    hosted = -(-servers // scenario.workers) if colocated else 1    # servers on one device
     server = MemoryBreakdown(
-        params_bytes=share * p.param_bytes,
+        params_bytes=hosted * share * p.param_bytes,
         grads_bytes=0.0,
-        optimizer_bytes=share * _optimizer_bytes_per_param(scenario),
+        optimizer_bytes=hosted * share * _optimizer_bytes_per_param(scenario),
         activations_bytes=0.0,
-        comm_buffers_bytes=share * (p.grad_bytes + p.param_bytes),   # inbox + reply
+        comm_buffers_bytes=hosted * share * (p.grad_bytes + p.param_bytes),   # inbox + reply
         framework_bytes=common["framework_bytes"],
         capacity_bytes=common["capacity_bytes"],
     )
+    if colocated:
+        server = replace(server, params_bytes=server.params_bytes + worker.params_bytes,
+                         grads_bytes=worker.grads_bytes,
+                         activations_bytes=worker.activations_bytes,
+                         comm_buffers_bytes=server.comm_buffers_bytes
+                         + worker.comm_buffers_bytes)
     return {"worker": _with_overhead(worker, scenario), "server": _with_overhead(server, scenario)}

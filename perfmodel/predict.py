@@ -108,6 +108,13 @@ class Prediction:
     wall_s: float                              # host seconds spent simulating
     interval: PredictionInterval | None = None  # around the mean step time (measured profiles)
     interval_source: str = ""                  # where the interval comes from, or why none
+    hardware: Any = None                       # PS: psnet.Hardware (servers counted); else None
+
+    @property
+    def throughput_per_device(self) -> float:
+        """Samples/s per device occupied, PS servers on their own devices included."""
+        devices = self.scenario.workers if self.hardware is None else self.hardware.devices
+        return self.summary.throughput_samples_per_s / devices
 
     @property
     def speedup(self) -> float:
@@ -150,6 +157,10 @@ class Prediction:
                           "p95": s.staleness.p95, "max": s.staleness.max,
                           "per_worker_mean": list(s.staleness_per_worker)},
             "provenance": {k: v for k, v in asdict(prov).items() if v not in ("", 0, ())},
+            **({} if self.hardware is None else {
+                "hardware": self.hardware.to_json(),
+                "throughput_per_gpu_including_servers_samples_per_s":
+                    self.throughput_per_device}),
             "simulation": {"events": self.result.events,
                            "steps_per_worker": sc.steps, "warmup_steps": sc.warmup_steps,
                            "notes": list(self.result.notes)},
@@ -171,6 +182,7 @@ def baseline_throughput(scenario: Scenario) -> float:
 def predict(strategy: str, scenario: Scenario, **options: Any) -> Prediction:
     model = make_strategy(strategy, **options)
     memory = dict(model.memory(scenario))
+    hardware = model.hardware(scenario) if hasattr(model, "hardware") else None
     start = time.perf_counter()
     result = model.simulate(scenario)
     wall = time.perf_counter() - start
@@ -180,7 +192,8 @@ def predict(strategy: str, scenario: Scenario, **options: Any) -> Prediction:
         strategy=strategy, options=asdict(model.options), scenario=scenario,
         summary=summary,
         baseline_throughput_samples_per_s=baseline_throughput(scenario),
-        memory=memory, result=result, wall_s=wall, interval=interval, interval_source=source)
+        memory=memory, result=result, wall_s=wall, interval=interval, interval_source=source,
+        hardware=hardware)
 
 
 def step_time_interval(scenario: Scenario, summary: Summary

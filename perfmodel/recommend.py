@@ -26,15 +26,37 @@ from perfmodel.accuracy.cost import StalenessCost, staleness_cost
 from perfmodel.accuracy.model import AccuracyModel, load_accuracy_model
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
+from perfmodel.sim import psnet
 from perfmodel.sim.scenario import Scenario
 
 GIB = 2**30
 
 
-def weighed() -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, strategy, options) of every variant weighed, in the registry's order."""
-    return [(label, r.name, dict(options))
-            for r in strategy_records.REGISTRY.values() for label, options in r.candidates]
+def weighed(scenario: Scenario | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, strategy, options) of every variant weighed, in the registry's order; with a
+    scenario, each PS variant also with 2, 4, ... servers up to the worker nodes, each
+    dedicated (extra nodes, counted as hardware) and colocated (on the workers' nodes)."""
+    out = []
+    for r in strategy_records.REGISTRY.values():
+        for label, options in r.candidates:
+            out.append((label, r.name, dict(options)))
+            if r.is_ps and scenario is not None:
+                out.extend(_server_variants(label, r.name, dict(options), scenario))
+    return out
+
+
+def _server_variants(label: str, strategy: str, options: dict[str, Any],
+                     scenario: Scenario) -> list[tuple[str, str, dict[str, Any]]]:
+    nodes = scenario.cluster.nodes_for(scenario.workers)
+    counts = [1] + [2**k for k in range(1, 16) if 2**k <= nodes]
+    out = []
+    for servers in counts:
+        for placement in ("dedicated", "colocated"):
+            if servers == 1 and placement == psnet.default_placement(scenario.cluster):
+                continue                          # the plain variant above
+            out.append((f"{label} {servers} {placement}", strategy,
+                        {**options, "servers": servers, "server_placement": placement}))
+    return out
 
 
 def is_synchronous(strategy: str) -> bool:
@@ -59,6 +81,7 @@ class Candidate:
     peak_role: str
     fits: bool
     cost: StalenessCost
+    devices: int                    # devices occupied, PS servers on their own included
 
     @property
     def time_to_target_s(self) -> float:
@@ -71,7 +94,7 @@ class Candidate:
                 "throughput_samples_per_s": self.throughput_samples_per_s,
                 "step_time_s": self.step_time_s, "wait_s": self.wait_s,
                 "comm_exposed_s": self.comm_exposed_s, "peak_GiB": self.peak_GiB,
-                "peak_role": self.peak_role, "fits": self.fits,
+                "peak_role": self.peak_role, "fits": self.fits, "devices": self.devices,
                 "time_to_target_s": t if math.isfinite(t) else "inf",
                 "accuracy": self.cost.to_json()}
 
@@ -114,7 +137,9 @@ def evaluate(label: str, prediction: Prediction, budget_GiB: float, *,
                      throughput_samples_per_s=s.throughput_samples_per_s,
                      step_time_s=s.step_time_s.mean, wait_s=s.wait_s,
                      comm_exposed_s=s.comm_exposed_s, peak_GiB=peak / GIB, peak_role=role,
-                     fits=peak / GIB <= budget_GiB, cost=cost)
+                     fits=peak / GIB <= budget_GiB, cost=cost,
+                     devices=(prediction.scenario.workers if prediction.hardware is None
+                              else prediction.hardware.devices))
 
 
 def recommend(scenario: Scenario, *, memory_budget_GiB: float | None = None,
@@ -129,7 +154,7 @@ def recommend(scenario: Scenario, *, memory_budget_GiB: float | None = None,
     target = model.target_accuracy if target_accuracy is None else target_accuracy
     candidates = [evaluate(label, predict(strategy, scenario, **options), budget,
                            target_accuracy=target, optimizer=optimizer, lr=lr, model=model)
-                  for label, strategy, options in weighed()]
+                  for label, strategy, options in weighed(scenario)]
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: c.time_to_target_s)
     rest = sorted((c for c in candidates if not c.fits), key=lambda c: c.peak_GiB)
     reachable = [c for c in fitting if math.isfinite(c.time_to_target_s)]
@@ -212,6 +237,11 @@ def explain(scenario: Scenario, budget_GiB: float, ranked: tuple[Candidate, ...]
                      f"at mean staleness {c.cost.mean_staleness:.1f} (instability "
                      f"{c.cost.instability:.2f} >= {c.cost.divergence_threshold:.2f}): "
                      "training oscillates or diverges.")
+    if choice.devices > scenario.workers:
+        lines.append(f"Hardware: {choice.label} needs {choice.devices - scenario.workers} "
+                     f"server device(s) on their own node(s) beside the {scenario.workers} "
+                     f"workers: {choice.throughput_samples_per_s / choice.devices:,.0f} "
+                     "samples/s per device.")
     cost = choice.cost
     lines.append(f"accuracy model: {cost.workload} on {cost.data_set} (times count the updates "
                  f"it needs: compare them, they are not {scenario.workload.name}'s training "

@@ -108,7 +108,10 @@ def test_cli_table_and_json():
     out = runner.invoke(cli, ["recommend", "--workers", "4", "--json"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
-    assert data["choice"] == "ddp" and len(data["candidates"]) == 8
+    # 8 variants, and each of the 5 PS ones also colocated (1 worker node: 1 server at most)
+    assert data["choice"] == "ddp" and len(data["candidates"]) == 8 + 5
+    assert {c["options"].get("server_placement") for c in data["candidates"]
+            if c["strategy"].endswith("-ps")} == {None, "colocated"}
     times = [c["time_to_target_s"] for c in data["candidates"] if c["fits"]]
     assert all(t == "inf" or (isinstance(t, float) and math.isfinite(t)) for t in times)
 

@@ -83,6 +83,11 @@ def strategy_options(f):
                      help="fsdp: units all-gathered ahead [1]."),
         click.option("--servers", type=click.IntRange(1), default=None,
                      help="*-ps: parameter servers the model is sharded over [1]."),
+        click.option("--server-placement", type=click.Choice(["dedicated", "colocated"]),
+                     default=None,
+                     help="*-ps: servers on extra nodes with their own NICs (counted as "
+                          "hardware), or on the workers' nodes sharing their NICs and memory "
+                          "[the profile's: dedicated, colocated on one host]."),
         click.option("--staleness-bound", type=click.IntRange(0), default=None,
                      help="ssp-ps: how many clocks a worker may run ahead of the slowest [3]."),
         click.option("--staleness-aware-lr", is_flag=True, default=None,

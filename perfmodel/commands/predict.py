@@ -129,6 +129,11 @@ def render(p: Prediction) -> str:
             f"optimizer {m.optimizer_bytes / GIB:.2f}, activations "
             f"{m.activations_bytes / GIB:.2f}, buffers {m.comm_buffers_bytes / GIB:.2f}, "
             f"framework {m.framework_bytes / GIB:.2f}")
+    if p.hardware is not None:
+        hw = p.hardware
+        lines.append(f"  hardware         {hw.worker_devices} worker + {hw.server_devices} server "
+                     f"devices on {hw.nodes} nodes ({len(hw.shard_params)} {hw.placement} "
+                     f"server(s)): {p.throughput_per_device:,.1f} samples/s per device")
     if s.staleness.max > 0:
         per = s.staleness_per_worker
         shown = ", ".join(f"{v:.1f}" for v in per[:8]) + (", ..." if len(per) > 8 else "")

@@ -56,7 +56,7 @@ def render(rec: Recommendation) -> str:
     lines = [f"recommend on {sc.cluster.name} ({source}): {sc.workload.name}, {sc.workers} "
              f"workers x batch {sc.batch_size}{hetero}; budget {rec.memory_budget_GiB:g} GiB "
              f"per device; target {100 * rec.target_accuracy:.0f} % accuracy",
-             f"  {'':2}{'strategy':<26}{'samples/s':>12}{'peak GiB':>10}{'staleness':>10}"
+             f"  {'':2}{'strategy':<38}{'samples/s':>12}{'peak GiB':>10}{'staleness':>10}"
              f"{'penalty':>9}{'to target':>12}"]
     for c in rec.ranked:
         mark = ">>" if c is rec.choice else "  "
@@ -67,7 +67,7 @@ def render(rec: Recommendation) -> str:
             when = "over budget"
         penalty = ("–" if c.cost.divergence_risk == "unstable"
                    else f"{c.cost.penalty_points:.1f}p")
-        lines.append(f"  {mark}{c.label:<26}{c.throughput_samples_per_s:>12,.0f}"
+        lines.append(f"  {mark}{c.label:<38}{c.throughput_samples_per_s:>12,.0f}"
                      f"{c.peak_GiB:>10.1f}{c.cost.mean_staleness:>10.1f}"
                      f"{penalty:>9}{when:>12}")
     lines.append("")

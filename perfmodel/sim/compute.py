@@ -57,8 +57,16 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     bwd = stretch["backward"] * np.array(
         [pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key)
          for u in workload.units])
-    opt_bytes = workload.model_state_bytes_per_param * workload.params * optimizer_param_fraction
-    return UnitTimes(fwd, bwd, opt_bytes / (cluster.compute.optimizer_GBps * 1e9))
+    return UnitTimes(fwd, bwd, optimizer_seconds(cluster, workload, optimizer_param_fraction))
+
+
+def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fraction: float) -> float:
+    """The optimizer step over `param_fraction` of the parameters: memory-bound, every byte of
+    model state (params, grads, fp32 master, optimizer moments: 16 per param for mixed-precision
+    Adam) touched at `compute.optimizer_GBps`. DDP's step (fraction 1), FSDP's shard (1/N) and a
+    parameter server's shard are charged alike."""
+    opt_bytes = workload.model_state_bytes_per_param * workload.params * param_fraction
+    return opt_bytes / (cluster.compute.optimizer_GBps * 1e9)
 
 
 class StepNoise:

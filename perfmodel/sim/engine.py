@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
+from contextlib import contextmanager
+
 import simpy
 
 from perfmodel.sim.records import CommRecord
 
 
 class CountingEnvironment(simpy.Environment):
-    """A simpy.Environment that counts the events it processes (for events/second figures)."""
+    """A simpy.Environment that says how many steps a run to the end took (for events/second
+    figures): every scheduled event is processed, plus the last step that finds the queue
+    empty, which is how the counter this replaces (an overridden `step()`, one more Python
+    call per event) counted, so DDP's and FSDP's reported counts are unchanged. It reads
+    SimPy's event-id counter (one id per scheduled event)."""
 
-    def __init__(self):
-        super().__init__()
-        self.events = 0
-
-    def step(self):
-        self.events += 1
-        super().step()
+    @property
+    def events(self) -> int:
+        n = next(self._eid)
+        self._eid = itertools.count(n)
+        return n + 1
 
 
 class SharedLink:
@@ -38,3 +44,21 @@ class SharedLink:
             start = self.env.now
             yield self.env.timeout(duration_s)
             self.records.append(CommRecord(kind, worker, start, self.env.now, nbytes, self.name))
+
+
+@contextmanager
+def quiet_gc():
+    """Freeze and disable Python's cyclic garbage collector around a simulation.
+
+    A simulation allocates no reference cycles worth collecting while it runs, but its
+    growing record lists make every generation-2 scan longer (run time N^1.1-1.24 with the
+    collector on). Output is identical; collection resumes afterwards."""
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()

@@ -1,66 +1,80 @@
 """Parameter-server training: synchronous, asynchronous and bounded-staleness (SSP) PS.
 
 Model (DESIGN.md "Parameter server"; a closed queueing network, the machine-repairman model):
-N workers and `servers` server processes; the parameters are sharded evenly over the servers,
-each with its own fair-share link (the cluster's `server.link`, fairshare.py) and its own FIFO
-apply step. One worker step:
+N workers and `servers` servers holding shards of the parameters (psnet.py: placement,
+sharding, and the links as hardware). One worker step:
 
-  pull   every shard's parameters (param_bytes / servers from each server, all at once),
+  pull    every server's shard, all at once, each over its route (the server node's NIC out
+          and the worker node's NIC in; the intra-node link within a node), every link
+          direction a fair-share pool (fairshare.FairSharePool),
   compute forward + backward (compute.unit_times with no optimizer work, times StepNoise),
-  push   every shard's gradient (params x grad_bytes / servers to each server, all at once),
-  apply  on each server, FIFO: gradient bytes / (server.apply_GBps x 1e9) seconds.
+  push    every shard's gradient, all at once, over the reverse routes,
+  apply   on each server, first come first served: the workload's optimizer over the shard
+          (compute.optimizer_seconds: model-state bytes at compute.optimizer_GBps, as DDP's
+          optimizer step is charged), plus DC-ASGD's extra passes.
 
-The worker's next pull waits for its own gradient's apply (a server answers a worker's
-messages in order), so one cycle = pull + compute + push + apply queue + apply: the exact
-mean-value analysis of mva.py predicts async-ps throughput.
+A flow that crosses two pools is complete when both have carried it; a route's latency is a
+pure delay added on delivery. The worker's next pull waits for its gradient's apply on every
+server (a server answers a worker in order), so one cycle = pull + compute + push + apply
+queue + apply, and where one pool or the apply is the bottleneck, exact mean-value analysis
+(mva.py) predicts async-ps throughput.
 
 - async-ps (Dean et al. 2012, Downpour SGD): a server applies each gradient on arrival.
-  Staleness = server version when applying - version the worker pulled (Zhang et al. 2016).
+  Staleness = server 0's version when applying - its version when the worker pulled
+  (Zhang et al. 2016); every worker updates every server once a step, so server 0 speaks
+  for all.
 - sync-ps: each server adds every gradient of a step to a running sum as it arrives (one
-  apply's worth of memory traffic each: read sum and gradient, write sum), applies the average
-  once when all N have arrived, then every worker pulls. Staleness 0 by construction.
+  elementwise pass at server.apply_GBps), applies the optimizer once when all N have
+  arrived, then every worker pulls. Staleness 0 by construction.
 - ssp-ps (Ho et al., NIPS 2013): async apply, and a worker more than s clocks (completed steps)
   ahead of the slowest waits before its next pull; s = 0 is synchronous progress.
 
 Records: one StepRecord per worker step (start = the end of its previous step; comm_exposed_s
-= pull + push durations, which contention on the fair-share link stretches; wait_s = SSP wait
-+ apply queue + apply, or the barrier in sync-ps), one UpdateRecord per gradient, one
-CommRecord per pull and push on every server's link.
+= pull + push durations, stretched by contention; wait_s = SSP wait + apply queue + apply, or
+the barrier in sync-ps), one UpdateRecord per gradient, one CommRecord per pull and push
+between a worker and a server.
+
+Events: a transfer costs its pools' wake-ups only (pools call back, no event per transfer);
+a worker waits on one event per pull (all shards), one per compute and one per push-and-
+apply (all shards); FCFS applies are arithmetic, not a simpy.Resource.
 
 Assumptions to know:
 - Workers draw steps from a shared budget of workers x steps mini-batches (a shared data
   queue) in async-ps and ssp-ps, so fast workers do more steps than slow ones and the run
   never ends with one straggler working alone; in sync-ps every worker does `steps`.
-- Shards are symmetric (same bytes to every server at the same instants), so every server
-  evolves exactly like server 0: the model simulates server 0 and copies its transfer records
-  to the others; versions and staleness are server 0's.
-- Only the servers' links are modelled; a worker's own NIC is assumed never the bottleneck.
+- A server takes gradients in the order their transfers finish; with unequal route latencies
+  (colocated: intra- and inter-node senders) that can differ from the order of arrival by
+  the latency difference (microseconds).
+- Colocated servers share their node's NIC and their device's memory; the apply is not
+  modelled as slowing the worker it shares the device with.
 - Delay compensation (DC-ASGD, Zheng et al. 2017) makes the server also compute
   g + λ g⊙g⊙(w_now − w_old) and keep each worker's w_old: unfused elementwise passes (g⊙g,
-  w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x the
-  bytes of a plain SGD apply (read w, read g, write w), so an apply is charged 1 + 3 = 4 plain
-  applies (DC_ASGD_EXTRA_APPLY). The staleness-aware rate α₀/τ (Zhang et al. 2016) costs no
-  time; it is recorded in the result's notes for the accuracy model.
+  w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x
+  the bytes of a plain SGD apply (read w, read g, write w), so an apply is charged the
+  optimizer plus 3 elementwise passes over the shard's gradient at server.apply_GBps
+  (DC_ASGD_EXTRA_PASSES). The staleness-aware rate α₀/τ (Zhang et al. 2016) scales the
+  gradient inside the optimizer's own pass: no time; it is noted for the accuracy model.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import NORMAL
 
 from perfmodel import memory as memory_model
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
-from perfmodel.sim.compute import StepNoise, unit_times
-from perfmodel.sim.engine import CountingEnvironment
-from perfmodel.sim.fairshare import FairShareLink
+from perfmodel.sim import psnet
+from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
+from perfmodel.sim.engine import CountingEnvironment, quiet_gc
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
 
-DC_ASGD_EXTRA_APPLY = 3.0      # delay compensation's extra server work, in plain applies
+DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
 
 
 def _check_servers(servers: object) -> None:
@@ -75,31 +89,37 @@ def _check_flag(name: str, value: object) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SyncPSOptions:
-    servers: int = 1                    # parameter shards, one server (link, apply) each
+    servers: int = 1                    # parameter shards, one server each
+    server_placement: str | None = None  # dedicated | colocated; None = the profile's default
 
     def __post_init__(self):
         _check_servers(self.servers)
+        psnet.check_placement(self.server_placement)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AsyncPSOptions:
-    servers: int = 1                    # parameter shards, one server (link, apply) each
+    servers: int = 1                    # parameter shards, one server each
+    server_placement: str | None = None  # dedicated | colocated; None = the profile's default
     staleness_aware_lr: bool = False    # scale each gradient by α₀/τ (Zhang et al. 2016)
     delay_compensation: bool = False    # DC-ASGD on the server (Zheng et al. 2017)
 
     def __post_init__(self):
         _check_servers(self.servers)
+        psnet.check_placement(self.server_placement)
         _check_flag("staleness_aware_lr", self.staleness_aware_lr)
         _check_flag("delay_compensation", self.delay_compensation)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SSPPSOptions:
-    servers: int = 1                    # parameter shards, one server (link, apply) each
+    servers: int = 1                    # parameter shards, one server each
+    server_placement: str | None = None  # dedicated | colocated; None = the profile's default
     staleness_bound: int = 3            # s: max clocks a worker may run ahead of the slowest
 
     def __post_init__(self):
         _check_servers(self.servers)
+        psnet.check_placement(self.server_placement)
         s = self.staleness_bound
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise PerfmodelError(f"staleness bound must be a whole number >= 0, got {s!r}")
@@ -120,41 +140,78 @@ class _ComputeTimes:
 
 
 class _Server:
-    """Server 0: its shard's link, its FIFO apply step and its model version.
+    """One server: its shard, its first-come-first-served apply step and its model version.
 
-    Shards are symmetric: every worker sends the same bytes to every server at the same
-    instants, so all servers' links and apply queues evolve identically and their transfers
-    end together. The model therefore simulates server 0 only (exactly, and `servers` times
-    cheaper) and copies its transfer records to the other servers' links.
+    FCFS needs no simpy.Resource: the apply of a gradient reaching the server at time a
+    starts at max(a, the previous apply's end), so it is arithmetic on `busy_until`.
+    `finishes` holds the ends of applies not yet known to be complete, so the version a
+    pull reads (applies complete by then) is `applied_by(now)`.
     """
 
-    def __init__(self, env: simpy.Environment, scenario: Scenario, servers: int,
-                 apply_factor: float):
-        wl, cluster = scenario.workload, scenario.cluster
-        self.records: list[CommRecord] = []
-        link = getattr(cluster, cluster.server.link)
-        self.link = FairShareLink.from_link(env, "server0", self.records, link)
-        self.apply = simpy.Resource(env, capacity=1)
-        self.pull_bytes = wl.param_bytes / servers
-        self.push_bytes = wl.params * wl.precision_spec.grad_bytes / servers
-        self.apply_s = apply_factor * self.push_bytes / (cluster.server.apply_GBps * 1e9)
-        self.version = 0                # updates applied so far
+    def __init__(self, index: int, shard_params: float, apply_s: float, accumulate_s: float):
+        self.index, self.shard_params = index, shard_params
+        self.apply_s, self.accumulate_s = apply_s, accumulate_s
+        self.busy_until = 0.0
+        self.started = 0                # applies queued so far: the next one's version
+        self.finishes: deque[float] = deque()
+        self.completed = 0
         self.arrived = 0                # sync-ps: gradients of the current step summed
-        self.applied = env.event()      # sync-ps: fires with the version the average went onto
+
+    def apply(self, arrival_s: float, service_s: float) -> tuple[float, int]:
+        """Queue one apply of `service_s` seconds; (its end, the version it is applied to)."""
+        end = max(arrival_s, self.busy_until) + service_s
+        self.busy_until = end
+        version = self.started
+        self.started += 1
+        self.finishes.append(end)
+        return end, version
+
+    def applied_by(self, now: float) -> int:
+        while self.finishes and self.finishes[0] <= now:
+            self.finishes.popleft()
+            self.completed += 1
+        return self.completed
+
+
+def _fire_at(env: simpy.Environment, event: simpy.Event, at_s: float, value=None) -> None:
+    """Trigger `event` at time `at_s` >= now: a Timeout's mechanics on an event a process
+    already waits on, so a whole transfer or exchange costs the waiter one event."""
+    event._ok, event._value = True, value
+    env.schedule(event, NORMAL, at_s - env.now)
 
 
 class _PSRun:
-    """One simulation: the server, the workers' shared state, and the records."""
+    """One simulation: the servers, the network's pools, the workers' state, the records."""
 
-    def __init__(self, scenario: Scenario, servers: int, apply_factor: float = 1.0,
-                 staleness_bound: int | None = None):
+    def __init__(self, scenario: Scenario, servers: int, placement: str | None,
+                 dc_passes: float = 0.0, staleness_bound: int | None = None,
+                 service: Callable[[float], float] | None = None):
         self.env = env = CountingEnvironment()
-        self.workers, self.steps_each, self.servers = scenario.workers, scenario.steps, servers
+        wl, cluster = scenario.workload, scenario.cluster
+        self.workers, self.steps_each = scenario.workers, scenario.steps
         self.step_records: list[StepRecord] = []
         self.update_records: list[UpdateRecord] = []
-        self.server = _Server(env, scenario, servers, apply_factor)
-        nominal = unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
-                             optimizer_param_fraction=0).step_s
+        self.comm_rows: list[tuple] = []
+        self.hardware = psnet.hardware(cluster, wl, scenario.workers, servers, placement)
+        self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
+        grad_bytes, param_bytes = wl.precision_spec.grad_bytes, wl.precision_spec.param_bytes
+        elementwise_Bps = cluster.server.apply_GBps * 1e9
+        self.servers = []
+        for k, share in enumerate(self.hardware.shard_params):
+            if share <= 0:
+                continue                # a server with no parameters takes no part
+            passes_s = share * grad_bytes / elementwise_Bps
+            self.servers.append(_Server(
+                k, share, optimizer_seconds(cluster, wl, share / wl.params) + dc_passes * passes_s,
+                passes_s))
+        self.server0 = self.servers[0]
+        self.pull_bytes = [s.shard_params * param_bytes for s in self.servers]
+        self.push_bytes = [s.shard_params * grad_bytes for s in self.servers]
+        self.routes: dict[tuple, tuple] = {}     # (worker, server position, kind) -> route
+        self.link_free: dict[int, float] = {}    # link direction (psnet.Layout) -> free from
+        self.server_names = [f"server{s.index}" for s in self.servers]
+        self.service = service or (lambda mean_s: mean_s)
+        nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal)
         self.budget = scenario.workers * scenario.steps     # async/ssp: shared mini-batches
         self.bound = staleness_bound                          # ssp: s; None = unbounded
@@ -162,51 +219,129 @@ class _PSRun:
         self.at_clock = Counter({0: scenario.workers})
         self.slowest = 0
         self.unblock: dict[int, simpy.Event] = {}             # slowest clock -> waiters
+        self.barrier = env.event()                            # sync-ps: this step's release
+        self.released: list[float] = []                       # sync-ps: each server's release
 
     def run(self, worker, notes: tuple[str, ...]) -> SimResult:
         for w in range(self.workers):
             self.env.process(worker(w))
-        self.env.run()
-        comms = tuple(CommRecord(c.kind, c.worker, c.start_s, c.end_s, c.bytes, f"server{i}")
-                      for c in self.server.records for i in range(self.servers))
+        with quiet_gc():
+            self.env.run()
+        comms = tuple(CommRecord(*row) for row in self.comm_rows)
         return SimResult(steps=tuple(self.step_records), updates=tuple(self.update_records),
                          comms=comms, events=self.env.events, notes=notes)
 
-    # -- the worker's phases, as seen on server 0 ------------------------------------------
+    # -- the network ---------------------------------------------------------------------
 
-    def applying(self, w: int):
-        """async: push, then apply on arrival (FIFO); returns (pushed at, version applied to)."""
-        server = self.server
-        yield from server.link.transfer("push", w, server.push_bytes)
-        pushed = self.env.now
-        with server.apply.request() as req:
-            yield req
-            version = server.version
-            yield self.env.timeout(server.apply_s)
-            server.version += 1
-        return pushed, version
+    def _route(self, w: int, i: int, kind: str) -> tuple:
+        """(sender's link direction, receiver's, seconds at full bandwidth, latency, bytes)."""
+        key = (w, i, kind)
+        route = self.routes.get(key)
+        if route is None:
+            r = self.layout.route(w, self.servers[i].index, kind)
+            nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
+            if r.link is None or nbytes <= 0:          # same device: no link at all
+                route = (None, None, 0.0, 0.0, nbytes)
+            else:
+                seconds = psnet.work_bytes(r.link, nbytes) / (r.link.bandwidth_GBps * 1e9)
+                route = (r.pools[0], r.pools[1], seconds, r.latency_s, nbytes)
+            self.routes[key] = route
+        return route
 
-    def accumulating(self, w: int):
-        """sync: push, add to the step's sum (FIFO); the last gradient's arrival applies the
-        average once and releases everyone. Returns (pushed at, version applied to)."""
-        env, server = self.env, self.server
-        yield from server.link.transfer("push", w, server.push_bytes)
-        pushed, barrier = env.now, server.applied
-        with server.apply.request() as req:
-            yield req
-            yield env.timeout(server.apply_s)
-        server.arrived += 1
-        if server.arrived < self.workers:
-            return pushed, (yield barrier)
-        server.arrived = 0
-        with server.apply.request() as req:
-            yield req
-            version = server.version
-            yield env.timeout(server.apply_s)
-            server.version += 1
-        server.applied = env.event()
-        barrier.succeed(version)
-        return pushed, version
+    def send(self, w: int, i: int, kind: str, delivered: Callable[[float], None]) -> None:
+        """Carry one message between worker w and server position i; call `delivered(at)`
+        now with the time it arrives.
+
+        Every link direction (a NIC's out or in, a device link's out or in) carries one
+        message at a time, first come first served: a NIC sends the messages posted by its
+        node's workers back to back, and a server receives one message at a time and sends
+        one reply at a time (measure/runs/ps.py: `recv(src=None)`, apply, reply). A message
+        crosses the sender's out and the receiver's in, each FCFS, and has arrived when both
+        have carried it (the switch buffers between them), plus the route's latency: the
+        tighter (busier) side decides. All of it is arithmetic on when each direction is
+        free: a transfer costs no event of its own.
+        """
+        out, into, seconds, latency, nbytes = self._route(w, i, kind)
+        now, free = self.env.now, self.link_free
+        at = now
+        if out is not None:
+            carry_s = self.service(seconds)
+            sent = max(now, free.get(out, 0.0)) + carry_s
+            received = max(now, free.get(into, 0.0)) + carry_s
+            free[out], free[into] = sent, received
+            at = max(sent, received) + latency
+        self.comm_rows.append((kind, w, now, at, nbytes, self.server_names[i]))
+        delivered(at)
+
+    # -- the worker's phases -------------------------------------------------------------
+
+    def pulling(self, w: int) -> simpy.Event:
+        """Every shard's parameters to worker w; fires when the last has arrived."""
+        done, env = self.env.event(), self.env
+        state = [len(self.servers), env.now]           # shards to come, latest arrival
+
+        def arrived(at: float):
+            state[0] -= 1
+            state[1] = max(state[1], at)
+            if state[0] == 0:
+                _fire_at(env, done, state[1])
+
+        for i in range(len(self.servers)):
+            self.send(w, i, "pull", arrived)
+        return done
+
+    def applying(self, w: int) -> simpy.Event:
+        """async: push every shard, each applied on arrival (FCFS); fires when every server
+        has applied it, with (last arrival, server 0's version it was applied to)."""
+        done, env = self.env.event(), self.env
+        state = [len(self.servers), env.now, env.now, 0]   # to come, arrival, end, version
+
+        def make(server: _Server):
+            def arrived(at: float):
+                end, version = server.apply(at, self.service(server.apply_s))
+                if server is self.server0:
+                    state[3] = version
+                state[0] -= 1
+                state[1], state[2] = max(state[1], at), max(state[2], end)
+                if state[0] == 0:
+                    _fire_at(env, done, state[2], (state[1], state[3]))
+            return arrived
+
+        for i, server in enumerate(self.servers):
+            self.send(w, i, "push", make(server))
+        return done
+
+    def accumulating(self, w: int) -> tuple[simpy.Event, list[float]]:
+        """sync: push every shard; each server sums it in (FCFS) and, with all N gradients
+        of the step, applies the optimizer once. Returns (the step's barrier, [last arrival])."""
+        pushed = [self.env.now]
+        left = [len(self.servers)]
+
+        def make(server: _Server):
+            def arrived(at: float):
+                pushed[0] = max(pushed[0], at)
+                left[0] -= 1
+                server.busy_until = (max(at, server.busy_until)
+                                     + self.service(server.accumulate_s))
+                server.arrived += 1
+                if server.arrived == self.workers:
+                    server.arrived = 0
+                    end, _ = server.apply(server.busy_until, self.service(server.apply_s))
+                    self._release(end)
+            return arrived
+
+        barrier = self.barrier
+        for i, server in enumerate(self.servers):
+            self.send(w, i, "push", make(server))
+        return barrier, pushed
+
+    def _release(self, end_s: float) -> None:
+        """sync: a server applied the step's average; the last one releases every worker."""
+        self.released.append(end_s)
+        if len(self.released) == len(self.servers):
+            barrier, self.barrier = self.barrier, self.env.event()
+            _fire_at(self.env, barrier, max(self.released), self.server0.started - 1)
+            self.released = []
 
     # -- whole workers -------------------------------------------------------------------
 
@@ -220,24 +355,32 @@ class _PSRun:
             if self.budget == 0:
                 return
             self.budget -= 1
-            yield from self._one_step(w, step, ready, self.applying)
+            t_pull = env.now
+            read = self.server0.applied_by(t_pull)
+            yield self.pulling(w)
+            t_compute = env.now
+            yield env.timeout(self.compute.seconds(w, step))
+            t_push = env.now
+            pushed, applied = yield self.applying(w)
+            self._record(w, step, ready, t_pull, t_compute, t_push, pushed, read, applied)
             self._completed(w)
             step, ready = step + 1, env.now
 
     def sync_worker(self, w: int):
-        for step in range(self.steps_each):
-            yield from self._one_step(w, step, self.env.now, self.accumulating)
-
-    def _one_step(self, w: int, step: int, ready: float, deliver):
         env = self.env
-        t_pull = env.now
-        read = self.server.version
-        yield from self.server.link.transfer("pull", w, self.server.pull_bytes)
-        t_compute = env.now
-        yield env.timeout(self.compute.seconds(w, step))
-        t_push = env.now
-        pushed, applied = yield from deliver(w)
-        end = env.now
+        for step in range(self.steps_each):
+            t_pull = ready = env.now
+            read = self.server0.applied_by(t_pull)
+            yield self.pulling(w)
+            t_compute = env.now
+            yield env.timeout(self.compute.seconds(w, step))
+            t_push = env.now
+            barrier, pushed = self.accumulating(w)
+            applied = yield barrier
+            self._record(w, step, ready, t_pull, t_compute, t_push, pushed[0], read, applied)
+
+    def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied):
+        end = self.env.now
         self.step_records.append(StepRecord(
             worker=w, step=step, start_s=ready, end_s=end, compute_s=t_push - t_compute,
             comm_exposed_s=(t_compute - t_pull) + (pushed - t_push),
@@ -272,10 +415,31 @@ class _PSStrategy:
 
     def __init__(self, options=None):
         self.options = self.Options() if options is None else options
+        # Seconds of each transfer and apply from its mean; None = the mean (deterministic).
+        # Tests set exponential draws to check the network against exact MVA.
+        self.service: Callable[[float], float] | None = None
+
+    def hardware(self, scenario: Scenario) -> psnet.Hardware:
+        """Devices and nodes this configuration occupies, servers included."""
+        return psnet.hardware(scenario.cluster, scenario.workload, scenario.workers,
+                              self.options.servers, self.options.server_placement)
 
     def memory(self, scenario: Scenario) -> Mapping[str, MemoryBreakdown]:
         """{"worker": ..., "server": ...}: see perfmodel.memory.ps_memory."""
-        return memory_model.ps_memory(scenario, self.options.servers)
+        hw = self.hardware(scenario)
+        return memory_model.ps_memory(scenario, self.options.servers,
+                                      shard_params=hw.shard_params,
+                                      colocated=hw.placement == "colocated")
+
+    def _run(self, scenario: Scenario, **kw) -> _PSRun:
+        return _PSRun(scenario, self.options.servers, self.options.server_placement,
+                      service=self.service, **kw)
+
+    def _placement_note(self, run: _PSRun) -> str:
+        hw = run.hardware
+        shards = sorted(s.shard_params for s in run.servers)
+        return (f"{len(hw.shard_params)} {hw.placement} server(s) on {hw.nodes} nodes, "
+                f"{hw.devices} devices; shards {shards[0]:,.0f}-{shards[-1]:,.0f} params")
 
 
 class SyncPS(_PSStrategy):
@@ -285,10 +449,10 @@ class SyncPS(_PSStrategy):
     Options = SyncPSOptions
 
     def simulate(self, scenario: Scenario) -> SimResult:
-        run = _PSRun(scenario, self.options.servers)
+        run = self._run(scenario)
         return run.run(run.sync_worker, (
             "sync-ps: every worker does `steps` steps; servers sum gradients as they arrive "
-            "and apply the average once per step",))
+            "and apply the optimizer once per step", self._placement_note(run)))
 
 
 class AsyncPS(_PSStrategy):
@@ -299,14 +463,15 @@ class AsyncPS(_PSStrategy):
 
     def simulate(self, scenario: Scenario) -> SimResult:
         opts = self.options
-        factor = 1.0 + (DC_ASGD_EXTRA_APPLY if opts.delay_compensation else 0.0)
-        notes = ["async-ps: workers share a budget of workers x steps mini-batches"]
+        passes = DC_ASGD_EXTRA_PASSES if opts.delay_compensation else 0.0
+        run = self._run(scenario, dc_passes=passes)
+        notes = ["async-ps: workers share a budget of workers x steps mini-batches",
+                 self._placement_note(run)]
         if opts.staleness_aware_lr:
             notes.append("staleness-aware learning rate alpha0/tau: no time cost")
         if opts.delay_compensation:
-            notes.append(f"delay compensation (DC-ASGD): each apply charged {factor:g} plain "
-                         "applies")
-        run = _PSRun(scenario, opts.servers, apply_factor=factor)
+            notes.append(f"delay compensation (DC-ASGD): each apply charged the optimizer plus "
+                         f"{passes:g} elementwise passes over the shard's gradient")
         return run.run(run.async_worker, tuple(notes))
 
 
@@ -318,7 +483,7 @@ class SSPPS(_PSStrategy):
 
     def simulate(self, scenario: Scenario) -> SimResult:
         s = self.options.staleness_bound
-        run = _PSRun(scenario, self.options.servers, staleness_bound=s)
+        run = self._run(scenario, staleness_bound=s)
         return run.run(run.async_worker, (
             f"ssp-ps: staleness bound s = {s}; workers share a budget of workers x steps "
-            "mini-batches",))
+            "mini-batches", self._placement_note(run)))

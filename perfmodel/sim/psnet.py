@@ -1,0 +1,168 @@
+"""The parameter-server network as hardware: where servers sit, what each holds, which links
+a push or a pull crosses, and what the servers cost.
+
+DESIGN.md "Parameter server": NICs are full duplex, so every NIC (worker nodes and server
+nodes) and every device's intra-node link has an *out* and an *in* pool (fairshare.py
+FairSharePool), each with the profile's per-direction bandwidth. A push from worker w to
+server k crosses w's node NIC out and k's node NIC in; a pull the reverse; the workers of one
+node share their node's NIC. A worker and a server on the same node talk over the intra-node
+link instead (w's device out, the server's device in); on the same device, not at all.
+
+Placement (`--server-placement`):
+- dedicated: server k is an extra node with its own NIC and one server device; the hardware
+  counts it (throughput per device including servers);
+- colocated: server k runs on a worker's device, round robin over the worker nodes
+  (k mod nodes), sharing that node's NIC and that device's memory (its compute is not
+  modelled as shared: the apply runs beside the worker's passes).
+The profile's `server.link` gives the default: inter_node -> dedicated, intra_node (one host,
+e.g. `local`) -> colocated.
+
+Sharding by parameter bytes, as MXNet's kvstore does: a unit (layer or block) of at least
+BIGARRAY_BOUND_PARAMS parameters is split evenly over all servers, smaller units go whole to
+the servers in turn (round robin; MXNet hashes the key). Shards can be unequal; a server with
+no parameters takes no part.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfmodel.cluster import ClusterProfile, Link
+from perfmodel.errors import PerfmodelError
+from perfmodel.workload import Workload
+
+# MXNet kvstore's MXNET_KVSTORE_BIGARRAY_BOUND default (1,000,000 elements): larger arrays
+# are partitioned over every server, smaller ones live whole on one server.
+BIGARRAY_BOUND_PARAMS = 1_000_000
+PLACEMENTS = ("dedicated", "colocated")
+
+
+def default_placement(cluster: ClusterProfile) -> str:
+    return "colocated" if cluster.server.link == "intra_node" else "dedicated"
+
+
+def check_placement(placement: object) -> None:
+    if placement is not None and placement not in PLACEMENTS:
+        raise PerfmodelError(f"server placement must be one of {', '.join(PLACEMENTS)}, "
+                             f"got {placement!r}")
+
+
+def shard_params(workload: Workload, servers: int) -> tuple[float, ...]:
+    """Parameters each server holds (module docstring: big units split, small ones whole)."""
+    shares = [0.0] * servers
+    turn = 0
+    for unit in workload.units:
+        if unit.params >= BIGARRAY_BOUND_PARAMS:
+            for k in range(servers):
+                shares[k] += unit.params / servers
+        else:
+            shares[turn] += unit.params
+            turn = (turn + 1) % servers
+    return tuple(shares)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hardware:
+    """What a PS configuration occupies."""
+
+    placement: str
+    worker_devices: int
+    server_devices: int         # extra devices for servers (dedicated), 0 when colocated
+    worker_nodes: int
+    server_nodes: int           # extra nodes for servers (dedicated), 0 when colocated
+    shard_params: tuple[float, ...]
+
+    @property
+    def devices(self) -> int:
+        return self.worker_devices + self.server_devices
+
+    @property
+    def nodes(self) -> int:
+        return self.worker_nodes + self.server_nodes
+
+    def to_json(self) -> dict:
+        return {"placement": self.placement, "worker_devices": self.worker_devices,
+                "server_devices": self.server_devices, "devices": self.devices,
+                "worker_nodes": self.worker_nodes, "server_nodes": self.server_nodes,
+                "nodes": self.nodes, "servers": len(self.shard_params),
+                "shard_params": list(self.shard_params)}
+
+
+def hardware(cluster: ClusterProfile, workload: Workload, workers: int, servers: int,
+             placement: str | None) -> Hardware:
+    placement = placement or default_placement(cluster)
+    extra = servers if placement == "dedicated" else 0
+    return Hardware(placement=placement, worker_devices=workers, server_devices=extra,
+                    worker_nodes=cluster.nodes_for(workers), server_nodes=extra,
+                    shard_params=shard_params(workload, servers))
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One worker-server pair, one direction: the pools it crosses (indices into the
+    network's pool list), the link class's latency and its efficiency-adjusted work."""
+
+    pools: tuple[int, ...]
+    latency_s: float
+    link: Link | None
+
+
+class Layout:
+    """Pool indices for every node's NIC and every device's intra-node link, per direction,
+    and the route of every push and pull."""
+
+    def __init__(self, cluster: ClusterProfile, workers: int, hw: Hardware):
+        self.cluster, self.hw = cluster, hw
+        per_node = cluster.devices_per_node
+        self.node_of_worker = [w // per_node for w in range(workers)]
+        servers = len(hw.shard_params)
+        if hw.placement == "dedicated":
+            self.node_of_server = [hw.worker_nodes + k for k in range(servers)]
+            self.device_of_server = [workers + k for k in range(servers)]
+        else:
+            self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
+            self.device_of_server = [self._host(k, workers, per_node) for k in range(servers)]
+        self.nodes = hw.nodes
+        self.devices = workers + hw.server_devices
+        # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
+        # = 2 nodes + 2d, in = 2 nodes + 2d + 1
+        self.pool_bandwidth_Bps = ([cluster.inter_node.bandwidth_GBps * 1e9] * (2 * self.nodes)
+                                   + [cluster.intra_node.bandwidth_GBps * 1e9]
+                                   * (2 * self.devices))
+
+    def shared(self, pool: int) -> bool:
+        """Whether workers' traffic also uses this server-side pool (colocated servers)."""
+        return self.hw.placement == "colocated"
+
+    def _host(self, k: int, workers: int, per_node: int) -> int:
+        """The worker device a colocated server runs on: node k mod nodes, then the node's
+        devices in turn."""
+        node = k % self.hw.worker_nodes
+        first = node * per_node
+        on_node = min(per_node, workers - first)
+        return first + (k // self.hw.worker_nodes) % on_node
+
+    def route(self, worker: int, server: int, kind: str) -> Route:
+        """The pools a push (worker -> server) or a pull (server -> worker) crosses."""
+        wn, sn = self.node_of_worker[worker], self.node_of_server[server]
+        sd = self.device_of_server[server]
+        if worker == sd:                                  # colocated on this very device
+            return Route((), 0.0, None)
+        if wn == sn:
+            base, src, dst, link = 2 * self.nodes, worker, sd, self.cluster.intra_node
+        else:
+            base, src, dst, link = 0, wn, sn, self.cluster.inter_node
+        if kind == "pull":
+            src, dst = dst, src
+        return Route((base + 2 * src, base + 2 * dst + 1), link.latency_s, link)
+
+
+def work_bytes(link: Link, nbytes: float) -> float:
+    """Link capacity a message of `nbytes` uses: nbytes / efficiency(nbytes)."""
+    return nbytes * link.seconds_per_byte(nbytes) * link.bandwidth_GBps * 1e9
+
+
+def servers_per_device(hw: Hardware) -> int:
+    """Colocated: the most servers one worker device hosts."""
+    return math.ceil(len(hw.shard_params) / hw.worker_devices)
