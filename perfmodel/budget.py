@@ -3,9 +3,11 @@
 One typo (`--workers 10000000`, `--run-hours 1e9`) must not take the machine: the simulation
 keeps a record per worker step and the elasticity model one per stretch of training between
 checkpoints or membership changes, so both grow without bound with their inputs. The estimates
-are upper bounds on simulated events, from counts on the shipped profiles
-(tests/golden/predictions.json: at most 14.2 events per worker step, for sync-ps at one
-worker; DDP and FSDP model a collective once per node group, so fewer at scale):
+are upper bounds on simulated events and records, from counts on the shipped profiles
+(tests/golden/predictions.json): the PS strategies take at most 3.2 events per worker step;
+DDP and FSDP model a collective once per ring, so their events stop growing with workers
+(16,000 for FSDP GPT-2 XL at 4096 workers) while their per-worker step records do not. A
+worker step is therefore charged EVENTS_PER_WORKER_STEP, records and events together:
 
     step-level model:  workers x steps x EVENTS_PER_WORKER_STEP
     elasticity model:  (run / checkpoint interval + membership events) x EVENTS_PER_SEGMENT
@@ -23,7 +25,7 @@ import math
 from perfmodel.errors import PerfmodelError
 
 DEFAULT_MAX_EVENTS = 10_000_000
-EVENTS_PER_WORKER_STEP = 15         # upper bound seen: 14.2 (sync-ps, one worker)
+EVENTS_PER_WORKER_STEP = 15         # events and records of one worker step, generously
 EVENTS_PER_SEGMENT = 8              # a segment's events and records, and the step-level
 #                                     predictions of the memberships it passes through
 
