@@ -11,14 +11,14 @@ UpdateRecords for 1 to 1024 workers, or a measured run's — without the workers
   optimizer, as the real parameter server does (measure/runs/ps.py `Server.apply`);
 - mitigations, as on the real server: the staleness-aware rate α₀/max(τ, 1) (Zhang et al.
   2016) and DC-ASGD's compensated gradient g + λ g⊙g⊙(w_now − w_old) (Zheng et al. 2017);
-- test accuracy on the fixed digits test split (measure/training.py) every `eval_every`
+- test accuracy on the fixed digits test split (measure/data.py) every `eval_every`
   updates; a run whose loss or parameters stop being finite is marked diverged.
 
 With every τ = 0 the harness is ordinary SGD, bit for bit (tests/test_staleness_harness.py).
-Data, model, optimizer and split are measure/training.py's, so harness numbers and real
-parameter-server runs are comparable. Seeds: initial weights from `seed` (torch's generator,
-forked so the global state is left alone), batches from (seed, stream 0), τ draws from an
-explicit torch.Generator seeded with `seed`.
+Data, split, model and optimizer are measure/data.py's and training.py's, so harness numbers
+and real parameter-server runs are comparable. Seeds: initial weights from `seed` (torch's
+generator, forked so the global state is left alone), batches from (seed, stream 0), τ draws
+from an explicit torch.Generator seeded with `seed`.
 """
 
 from __future__ import annotations
@@ -31,15 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from measure.data import DIGITS_WORKLOAD, DataSource, evaluate, held_out_set
 from measure.models import MODELS, ModelSpec
-from measure.training import (
-    DIGITS_WORKLOAD,
-    DataSource,
-    build_model,
-    evaluate,
-    held_out_set,
-    make_optimizer,
-)
+from measure.training import build_model, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 OPTIMIZERS = ("sgd", "momentum")

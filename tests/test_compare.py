@@ -1,4 +1,4 @@
-"""`perfmodel compare` (perfmodel/compare/, measure/training.py's timed-wait compute mode).
+"""`perfmodel compare` (perfmodel/compare/, measure/timed_wait.py's timed-wait compute mode).
 
 What is checked and why:
 - error arithmetic: error = (predicted − measured) / measured over the median of repeats,
@@ -374,37 +374,36 @@ def test_report_table_csv_and_figures_agree(tmp_path):
 def test_timed_wait_model_waits_unit_by_unit_and_gives_every_parameter_a_gradient(
         monkeypatch):
     torch = pytest.importorskip("torch")
-    from measure import training
+    from measure import data, models, settings, timed_wait
 
     slept: list[float] = []
-    monkeypatch.setattr(training.Sleeper, "sleep", lambda self, s: slept.append(s))
+    monkeypatch.setattr(timed_wait.Sleeper, "sleep", lambda self, s: slept.append(s))
     config = {"kind": "ddp", "workers": 1, "workload": "mlp", "compute_mode": "timed-wait",
               "compute_wait_s": {"forward": [1, 2, 3, 4, 5], "backward": [10, 20, 30, 40, 50],
                                  "optimizer": 7}}
-    settings = training.parse_settings(config, world_size=1)
-    spec = settings.spec
+    spec = settings.parse_settings(config, world_size=1).spec
     model = spec.build()
     x, y = spec.example_batch(4, torch.Generator().manual_seed(0))
     spec.loss(model(x), y).backward()
     # forward in unit order, then backward in reverse unit order
     assert slept == [1, 2, 3, 4, 5, 50, 40, 30, 20, 10]
-    real = training.MODELS["mlp"].build()
+    real = models.MODELS["mlp"].build()
     shapes = [p.shape for p in real.parameters()]
     assert [p.grad.shape for p in model.parameters()] == shapes
-    assert math.isnan(training.evaluate(model, spec, x, y)[0])     # nothing computed
+    assert math.isnan(data.evaluate(model, spec, x, y)[0])     # nothing computed
 
 
 def test_sleeper_pays_back_oversleep(monkeypatch):
     pytest.importorskip("torch")
-    from measure import training
+    from measure import timed_wait
 
     clock, cpu = [0.0], [0.0]
-    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(training.time, "thread_time", lambda: cpu[0])
+    monkeypatch.setattr(timed_wait.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timed_wait.time, "thread_time", lambda: cpu[0])
     # every sleep overshoots by 2 ms
-    monkeypatch.setattr(training.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s
+    monkeypatch.setattr(timed_wait.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s
                                                                              + 0.002))
-    sleeper = training.Sleeper()
+    sleeper = timed_wait.Sleeper()
     for _ in range(10):
         sleeper.sleep(0.010)
     # 10 waits of 10 ms: within one overshoot of 100 ms, not 10 overshoots late
@@ -420,19 +419,19 @@ def test_sleeper_pays_back_oversleep(monkeypatch):
 
 def test_timed_wait_config_is_checked():
     pytest.importorskip("torch")
-    from measure import training
+    from measure.settings import parse_settings
 
     base = {"kind": "ddp", "workers": 1, "workload": "mlp", "compute_mode": "timed-wait"}
     with pytest.raises(PerfmodelError, match="compute_wait_s"):
-        training.parse_settings(base, world_size=1)
+        parse_settings(base, world_size=1)
     with pytest.raises(PerfmodelError, match="seconds"):
-        training.parse_settings({**base, "compute_wait_s": {"forward": [-1], "backward": [1]}},
+        parse_settings({**base, "compute_wait_s": {"forward": [-1], "backward": [1]}},
                                 world_size=1)
     with pytest.raises(PerfmodelError, match="compute_mode"):
-        training.parse_settings({**base, "compute_mode": "dreaming"}, world_size=1)
+        parse_settings({**base, "compute_mode": "dreaming"}, world_size=1)
     wrong = {**base, "compute_wait_s": {"forward": [1], "backward": [1]}}
     with pytest.raises(PerfmodelError, match="units"):
-        training.parse_settings(wrong, world_size=1).spec.build()
+        parse_settings(wrong, world_size=1).spec.build()
 
 
 # ---------------------------------------------------------------- end to end
@@ -475,12 +474,12 @@ def test_quick_comparison_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_pytorch_memory_estimate_agrees_with_the_memory_model_on_a_small_model():
-    """PyTorch's own trackers under FakeTensorMode (perfmodel/compare/torch_memory.py) against
+    """PyTorch's own trackers under FakeTensorMode (measure/torch_memory.py) against
     perfmodel/memory.py for mlp: DESIGN.md saw 162 vs 168 MiB (DDP) and 46 vs 47 MiB (FSDP,
     4 ranks) on a similar model; here within TORCH_MEMORY_REL of each other."""
     pytest.importorskip("torch")
+    from measure.torch_memory import estimate
     from perfmodel.compare.summary import _with_model
-    from perfmodel.compare.torch_memory import estimate
 
     for strategy, ranks in (("fsdp", 4), ("ddp", 2)):
         row = _with_model(estimate("mlp", strategy, ranks))

@@ -12,11 +12,12 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
+from measure.configs import parse_size
 from measure.launch import launch, live_processes
 from measure.runs.collectives import OPS, message_sizes, op_sizes
 from measure.store import Store
+from measure.summary import render_collectives
 from perfmodel.cli import cli
-from perfmodel.commands.measure import parse_size, render_collectives
 from perfmodel.errors import PerfmodelError
 
 REL_TOL = 1e-9              # busbw is computed from algbw: equal up to float rounding

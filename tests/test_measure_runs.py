@@ -1,4 +1,5 @@
-"""Real training runs (measure/runs, measure/training.py, measure/memtrack.py).
+"""Real training runs (measure/runs, measure/training.py with its settings, data and timing
+modules, measure/memtrack.py).
 
 The slow tests launch real torchrun jobs of 2-3 gloo processes on CPU, a few seconds each.
 What they check and where it comes from:
@@ -27,19 +28,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from measure.context import RunContext  # noqa: E402
+from measure.data import DataSource  # noqa: E402
 from measure.memtrack import measure_memory, saved_activation_bytes  # noqa: E402
 from measure.models import MODELS  # noqa: E402
 from measure.recorder import Recorder, read_records  # noqa: E402
 from measure.runs import compute  # noqa: E402
 from measure.runs.ddp import bucket_arguments  # noqa: E402
 from measure.runs.ps import parse_options  # noqa: E402
-from measure.training import (  # noqa: E402
-    DataSource,
-    build_model,
-    make_optimizer,
-    median_iqr,
-    parse_settings,
-)
+from measure.settings import parse_settings  # noqa: E402
+from measure.timing import median_iqr  # noqa: E402
+from measure.training import build_model, make_optimizer  # noqa: E402
 from perfmodel.errors import PerfmodelError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,7 +26,9 @@ from typing import Any
 import torch
 
 from measure.context import RunContext
-from measure.training import build_model, make_optimizer, median_iqr, parse_settings
+from measure.settings import parse_settings
+from measure.timing import median_iqr
+from measure.training import build_model, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 log = logging.getLogger(__name__)

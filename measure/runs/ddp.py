@@ -26,15 +26,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from measure.context import RunContext
-from measure.training import (
-    DeviceClock,
-    build_model,
-    data_parallel_training,
-    loop_summary,
-    make_optimizer,
-    param_checksum,
-    parse_settings,
-)
+from measure.settings import parse_settings
+from measure.timing import DeviceClock, param_checksum
+from measure.training import build_model, data_parallel_training, loop_summary, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 MiB = 1024 * 1024

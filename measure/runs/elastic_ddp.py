@@ -42,16 +42,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from measure.context import RunContext
+from measure.data import DataSource, digits_split, uses_digits
 from measure.runs.ddp import BucketTimer, bucket_arguments, timed_allreduce
-from measure.training import (
-    DataSource,
-    DeviceClock,
-    build_model,
-    digits_split,
-    make_optimizer,
-    parse_settings,
-    uses_digits,
-)
+from measure.settings import parse_settings
+from measure.timing import DeviceClock
+from measure.training import build_model, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 CHECKPOINT = "checkpoint.pt"

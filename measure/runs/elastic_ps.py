@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from measure.context import RunContext
+from measure.data import DataSource, digits_split, uses_digits
 from measure.runs.ps import (
     PUSH_HEADER,
     REPLY_HEADER,
@@ -46,14 +47,8 @@ from measure.runs.ps import (
     parse_options,
     unflatten,
 )
-from measure.training import (
-    DataSource,
-    Settings,
-    build_model,
-    digits_split,
-    parse_settings,
-    uses_digits,
-)
+from measure.settings import Settings, parse_settings
+from measure.training import build_model
 from perfmodel.errors import PerfmodelError
 
 LEAVE = -2          # push step field: this worker leaves

@@ -30,15 +30,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 
 from measure.context import RunContext
-from measure.training import (
-    DeviceClock,
-    build_model,
-    data_parallel_training,
-    loop_summary,
-    make_optimizer,
-    param_checksum,
-    parse_settings,
-)
+from measure.settings import parse_settings
+from measure.timing import DeviceClock, param_checksum
+from measure.training import build_model, data_parallel_training, loop_summary, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 VARIANTS = {"full-shard": True, "grad-op": False}      # -> reshard_after_forward

@@ -39,17 +39,11 @@ import torch
 import torch.distributed as dist
 
 from measure.context import RunContext
+from measure.data import DataSource, evaluate, held_out_set
 from measure.memtrack import live_memory, measure_memory
-from measure.training import (
-    DataSource,
-    Settings,
-    Straggler,
-    build_model,
-    evaluate,
-    held_out_set,
-    make_optimizer,
-    parse_settings,
-)
+from measure.settings import Settings, parse_settings
+from measure.timing import Straggler
+from measure.training import build_model, make_optimizer
 from perfmodel.errors import PerfmodelError
 
 SERVER = 0

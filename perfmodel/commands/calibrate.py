@@ -1,16 +1,14 @@
 """`perfmodel calibrate`: measure what is missing, fit the model's parameters, write a profile.
 
 Steps: check that this machine may calibrate the named cluster (calibration/hardware.py),
-list the suite of measurements it needs (calibration/suite.py), run those not already in
-the store (each finished run is stored at once, so an interrupted calibration resumes where
-it stopped), fit them (calibration/from_store.py) and write the profile atomically with
-provenance into the user profile folder (calibration/profile_writer.py), backing up the
-previous one. torch is only imported by the measurement processes.
+list the suite of measurements it needs (calibration/suite.py), then let the calibration
+driver (calibration/driver.py) run those not already in the store, fit them and write the
+profile. This module parses the options and prints. torch is only imported by the
+measurement processes.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import sys
@@ -20,7 +18,8 @@ from typing import Any
 
 import click
 
-from perfmodel.commands.measure import RunFailedError, one_line_errors
+from perfmodel.commands.errors import one_line_errors
+from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/profile_writer.py
@@ -70,9 +69,11 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
       perfmodel calibrate --cluster mybox --workloads mlp,cnn-small --fresh
       perfmodel calibrate --cluster a10g --nnodes 4 --node-rank 0 --rdzv-endpoint head:29500
     """
+    from calibration import driver
     from calibration.hardware import choose_base, detect, torch_version
     from calibration.suite import build_suite
     from measure.configs import torchrun_args
+    from measure.store import Store
 
     started = time.monotonic()
     if not PROFILE_NAME.fullmatch(cluster):
@@ -94,73 +95,24 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
                         nnodes=nodes)
     if node_rank:                   # other nodes take part in the multi-node runs only
         suite = tuple(m for m in suite if m.multinode)
-    ids, measured = run_suite(suite, db=db, fresh=fresh, host=hw.host,
-                              torch=torch_version(), torchrun=args, max_time_s=max_time_s,
-                              hidden=as_json or not sys.stderr.isatty())
+    store = Store(db)
+    todo = driver.plan(suite, store, fresh=fresh, host=hw.host, torch=torch_version())
+    with RunsProgress(command="perfmodel calibrate", label="calibrating",
+                      bar=not as_json and sys.stderr.isatty(), lines=True,
+                      announce=True) as progress:
+        ids, measured = driver.measure(todo, store, torchrun=args, max_time_s=max_time_s,
+                                       progress=progress)
     if node_rank:
         click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
         return
-    result = fit_and_write(cluster, ids, db=db, base=choice.base)
-    out = {"cluster": cluster, "profile": str(result["path"]),
-           "backup": str(result["backup"]) if result["backup"] else None,
+    written = driver.fit_and_write(cluster, ids, store, base=choice.base)
+    out = {"cluster": cluster, "profile": str(written.path),
+           "backup": str(written.backup) if written.backup else None,
            "base": choice.base, "base_reason": choice.reason, "hardware": hw.describe(),
            "runs": {"used": ids, "measured": measured,
                     "reused": [i for i in ids if i not in measured]},
-           "wall_s": time.monotonic() - started, **summary(result["data"])}
+           "wall_s": time.monotonic() - started, **summary(written.data)}
     click.echo(json.dumps(out, indent=2) if as_json else render(out))
-
-
-def run_suite(suite, *, db, fresh: bool, host: str, torch: str | None, torchrun: list[str],
-              max_time_s: float, hidden: bool) -> tuple[list[int], list[int]]:
-    """Run the measurements not yet stored; return (run ids of the suite, ids run now)."""
-    from calibration.suite import reusable_run
-    from measure.launch import launch
-    from measure.store import Store
-
-    store = Store(db)
-    stored = [] if fresh else store.list_runs()
-    now = dt.datetime.now(dt.UTC)
-    ids: list[int] = []
-    measured: list[int] = []
-    todo = []
-    for m in suite:
-        found = reusable_run(stored, m, host=host, torch_version=torch, now=now)
-        if found is None:
-            todo.append(m)
-        else:
-            ids.append(found)
-    total = sum(m.progress_total for m in todo)
-    from perfmodel.commands.progress import RunsProgress
-
-    with RunsProgress(total, command="perfmodel calibrate", label="calibrating",
-                      bar=not hidden, lines=True, announce=True) as bar:
-        for i, m in enumerate(todo, 1):
-            bar.start(f"[{i}/{len(todo)}] {m.label}", m.progress_total)
-            result = launch(m.config, m.nproc, torchrun_args=torchrun if m.multinode else (),
-                            progress=bar.update, timeout_s=max_time_s)
-            run_id = store.ingest(result.run_dir, result.status, result.reason)
-            bar.finish(f"{m.label}: run {run_id}, {result.wall_s:.0f} s"
-                       + ("" if result.ok else f", FAILED: {result.reason}"))
-            if result.interrupted:
-                raise click.Abort()
-            if not result.ok:
-                raise RunFailedError(
-                    f"measurement '{m.label}' failed (run {run_id}: {result.reason}); the "
-                    f"{len(measured) + len(ids)} measurements finished are stored in "
-                    f"{store.path}: run the same command again to resume")
-            ids.append(run_id)
-            measured.append(run_id)
-    return sorted(ids), measured
-
-
-def fit_and_write(cluster: str, ids: list[int], *, db, base: str) -> dict[str, Any]:
-    from calibration.from_store import fit_from_runs
-    from calibration.profile_writer import write_profile
-    from measure.store import Store
-
-    data = fit_from_runs(Store(db), ids, name=cluster, base=base)
-    written = write_profile(data)
-    return {"data": data, "path": written.path, "backup": written.backup}
 
 
 # ---------------------------------------------------------------- summary

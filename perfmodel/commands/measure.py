@@ -1,55 +1,35 @@
 """`perfmodel measure`: launch one real torch.distributed run, store it, summarise it.
 
-Each subcommand builds the run's config.json (keys: measure/worker.py), launches it with
-torchrun through measure/launch.py (or measure/netem.py behind a capped link), ingests every
-rank's records into the SQLite store (measure/store.py) and prints a summary computed from the
-stored records. torch is never imported here: only the worker processes import it.
+Each subcommand parses its options into the run's config.json (measure/configs.py), has
+measure/session.py launch and store it, and prints the summary of measure/summary.py.
+torch is never imported here: only the worker processes import it.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from measure.configs import check_workload, collectives_config, compute_config, training_config
+from measure import session
+from measure.configs import (
+    collectives_config,
+    compute_config,
+    parse_batch_sizes,
+    parse_size,
+    processes,
+    progress_total,
+    training_config,
+)
 from measure.configs import torchrun_args as make_torchrun_args
+from measure.store import Store
+from measure.summary import render, summarize
+from perfmodel.commands.errors import check_run, one_line_errors
+from perfmodel.commands.measure_elastic import command as elastic_command
+from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
-from perfmodel.workload import load_workload
-
-GIB, MIB = 2**30, 2**20
-SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}    # nccl-tests: -b 8 -e 128M
-NCCL_TYPE = {"float32": "float", "float16": "half", "float64": "double"}  # nccl-tests names
-
-
-class OneLineError(click.ClickException):
-    """A PerfmodelError shown as `perfmodel: error: ...`, exit code 2, as perfmodel.cli does."""
-
-    exit_code = 2
-
-    def show(self, file=None) -> None:
-        click.echo(f"perfmodel: error: {self.message}", err=True)
-
-
-class RunFailedError(OneLineError):
-    """The run happened and failed: exit code 1, not a usage error."""
-
-    exit_code = 1
-
-
-def one_line_errors(f):
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except PerfmodelError as e:
-            raise OneLineError(str(e)) from e
-    return wrapper
 
 
 @click.group("measure")
@@ -124,20 +104,6 @@ def training_options(f):
     return f
 
 
-def parse_size(text: str) -> int:
-    """Bytes from '8', '64K', '16M', '1G' (binary multiples, as nccl-tests) or '16MiB'."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    suffix = t[-1:] if t[-1:] in ("K", "M", "G") else ""
-    try:
-        value = float(t[:len(t) - len(suffix)]) * SIZE_SUFFIXES[suffix]
-    except ValueError:
-        raise PerfmodelError(f"'{text}' is not a size in bytes (examples: 8, 64K, 16M, 1G)"
-                             ) from None
-    if value < 1 or value != int(value):
-        raise PerfmodelError(f"'{text}' is not a whole number of bytes >= 1")
-    return int(value)
-
-
 # ------------------------------------------------------------------ running
 
 
@@ -146,62 +112,25 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
             nproc_per_node, as_json) -> None:
     """Launch, store, summarise; exit 1 if the run failed, 130 if interrupted (the run is
     stored either way)."""
-    from measure.launch import launch
-    from measure.store import Store
-
     store = Store(db)
     torchrun_args = make_torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id)
-    if torchrun_args and link_rate_Gbps is not None:
-        raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
-                             "combined with --nnodes/--rdzv-endpoint")
     if nproc_per_node is not None:
         nproc = nproc_per_node
     label = f"{config['kind']} ({config.get('workload') or 'sweep'}, {nproc} processes)"
-    hidden = as_json or not sys.stderr.isatty()
-    with ProgressBar(progress_total, label, hidden=hidden) as update:
-        if link_rate_Gbps is not None:
-            from measure.netem import launch_capped
-            result = launch_capped(config, nproc, link_rate_Gbps, progress=update,
-                                   oversubscribe=oversubscribe, timeout_s=max_time_s)
-        else:
-            result = launch(config, nproc, torchrun_args=torchrun_args, progress=update,
-                            oversubscribe=oversubscribe, timeout_s=max_time_s)
-    run_id = store.ingest(result.run_dir, result.status, result.reason)
-    summary = summarize(store.get_run(run_id))
+    with RunsProgress(command="perfmodel measure", label=label, total=progress_total,
+                      bar=not as_json and sys.stderr.isatty(), lines=False) as bar:
+        stored = session.run(config, nproc, store, torchrun_args=torchrun_args,
+                             link_rate_Gbps=link_rate_Gbps,
+                             progress=bar.start(label, progress_total),
+                             oversubscribe=oversubscribe, timeout_s=max_time_s)
+    summary = summarize(store.get_run(stored.run_id))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         click.echo(render(summary))
-        click.echo(f"stored as run {run_id} in {store.path} (raw records: {result.run_dir})")
-    if result.interrupted:
-        raise click.Abort()
-    if not result.ok:
-        raise RunFailedError(f"run {run_id} failed: {result.reason}")
-
-
-class ProgressBar:
-    """A click progress bar on stderr fed by the launcher's record count (capped at total)."""
-
-    def __init__(self, total: int, label: str, hidden: bool):
-        self.total, self.label, self.hidden = max(total, 1), label, hidden
-        self.bar, self.shown = None, 0
-
-    def __enter__(self):
-        if not self.hidden:
-            self.bar = click.progressbar(length=self.total, label=self.label,
-                                         file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        return self.update
-
-    def update(self, done: int) -> None:
-        done = min(done, self.total)
-        if self.bar is not None and done > self.shown:
-            self.bar.update(done - self.shown)
-            self.shown = done
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        click.echo(f"stored as run {stored.run_id} in {store.path} (raw records: "
+                   f"{stored.run_dir})")
+    check_run(stored)
 
 
 # ------------------------------------------------------------------ subcommands
@@ -237,25 +166,12 @@ def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters,
       perfmodel measure collectives --workers 2 --ops all-reduce --min-bytes 1M --max-bytes 64M
       sudo perfmodel measure collectives --workers 2 --link-rate-Gbps 1
     """
-    from measure.runs.collectives import DEFAULTS, DTYPES, OPS, message_sizes
-
-    op_list = [o.strip() for o in ops.split(",") if o.strip()]
-    unknown = [o for o in op_list if o not in OPS]
-    if unknown or not op_list:
-        raise PerfmodelError(f"unknown collective '{unknown[0] if unknown else ops}'; choose "
-                             f"from: {', '.join(OPS)}")
-    if dtype not in DTYPES:
-        raise PerfmodelError(f"unknown dtype '{dtype}'; choose from: {', '.join(DTYPES)}")
-    lo, hi = parse_size(min_bytes), parse_size(max_bytes) if max_bytes else None
-    guess = DEFAULTS["cuda" if shutil.which("nvidia-smi") else "cpu"]["max_bytes"]
-    if lo > (hi or guess):
-        raise PerfmodelError(f"--min-bytes {lo} exceeds --max-bytes {hi or guess}")
-    config = collectives_config(workers=workers, ops=op_list, min_bytes=lo, max_bytes=hi,
-                                factor=factor, iters=iters, warmup_iters=warmup_iters,
-                                dtype=dtype, seed=seed, timeout_s=timeout_s,
-                                threads_per_worker=threads_per_worker)
-    total = len(op_list) * len(message_sizes(lo, hi or guess, factor))
-    execute(config, workers, progress_total=total, **kwargs)
+    config = collectives_config(
+        workers=workers, ops=[o.strip() for o in ops.split(",") if o.strip()],
+        min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes) if max_bytes else None,
+        factor=factor, iters=iters, warmup_iters=warmup_iters, dtype=dtype, seed=seed,
+        timeout_s=timeout_s, threads_per_worker=threads_per_worker)
+    execute(config, workers, progress_total=progress_total(config), **kwargs)
 
 
 @command.command("compute")
@@ -279,21 +195,11 @@ def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per
       perfmodel measure compute --workload mlp
       perfmodel measure compute --workload cnn-small --batch-sizes 16,32,64 --json
     """
-    w = load_workload(check_workload(workload))
-    if batch_sizes:
-        try:
-            sizes = [int(b) for b in batch_sizes.split(",")]
-        except ValueError:
-            raise PerfmodelError(f"--batch-sizes '{batch_sizes}' is not a comma-separated "
-                                 f"list of whole numbers") from None
-        if any(b < 1 for b in sizes):
-            raise PerfmodelError("every batch size must be at least 1")
-    else:
-        sizes = sorted({max(1, w.batch_size // 2), w.batch_size, 2 * w.batch_size})
-    config = compute_config(workload=workload, batch_sizes=sizes, repeats=repeats,
-                            warmup=warmup, seed=seed, timeout_s=timeout_s,
+    config = compute_config(workload=workload,
+                            batch_sizes=parse_batch_sizes(batch_sizes, workload),
+                            repeats=repeats, warmup=warmup, seed=seed, timeout_s=timeout_s,
                             threads_per_worker=threads_per_worker)
-    execute(config, 1, progress_total=2 * len(w.units) * len(sizes), **kwargs)
+    execute(config, 1, progress_total=progress_total(config), **kwargs)
 
 
 @command.command("ddp")
@@ -381,138 +287,7 @@ def _training(kind: str, options: dict, *, workers, workload, batch_size, steps,
                              steps=steps, warmup_steps=warmup_steps, speed=speed, seed=seed,
                              timeout_s=timeout_s, threads_per_worker=threads_per_worker,
                              options=options)
-    nproc = workers + 1 if kind == "ps" else workers
-    execute(config, nproc, progress_total=steps, **kwargs)
+    execute(config, processes(config), progress_total=progress_total(config), **kwargs)
 
-
-# ------------------------------------------------------------------ summary
-
-
-def summarize(run) -> dict[str, Any]:
-    """The numbers a person wants after a run, from its stored records (measure.store.Run)."""
-    import numpy as np
-
-    row = run.row
-    out: dict[str, Any] = {
-        "run_id": row.id, "kind": row.kind, "status": row.status, "reason": row.reason,
-        "workload": row.workload, "workers": row.workers, "world_size": row.world_size,
-        "backend": row.backend, "wall_s": row.wall_s, "oversubscribed": bool(row.oversubscribed),
-        "link_rate_Gbps": row.link_rate_Gbps,
-    }
-    steps = run.table("steps")
-    if steps:
-        wall = np.array([s["wall_s"] for s in steps], dtype=float)
-        q1, med, q3 = np.percentile(wall, [25, 50, 75])
-        reported = [s["value"] for s in run.table("summaries")
-                    if s["key"] == "throughput_samples_per_s"]
-        if reported:
-            throughput = max(reported)
-        else:       # each rank's own rate, summed
-            throughput = sum(
-                sum(s["samples"] or 0 for s in mine) / sum(s["wall_s"] for s in mine)
-                for r in {s["rank"] for s in steps}
-                if (mine := [s for s in steps if s["rank"] == r]))
-        last = {s["rank"]: s["loss"] for s in steps if s["loss"] is not None}
-        out |= {"throughput_samples_per_s": throughput,
-                "step_time_s": {"median": med, "iqr": q3 - q1, "count": len(steps)},
-                "compute_s_median": float(np.median([s["compute_s"] for s in steps])),
-                "comm_wait_s_median": float(np.median([s["comm_wait_s"] for s in steps])),
-                "final_loss": float(np.mean(list(last.values()))) if last else None}
-    memory = run.table("memory")
-    if memory:
-        out["peak_memory_bytes"] = {str(m["rank"]): m["peak_bytes"] for m in memory}
-        out["memory_method"] = memory[0].get("method")
-    updates = run.table("updates")
-    if updates:
-        tau = np.array([u["staleness"] for u in updates], dtype=float)
-        out["staleness"] = {"mean": float(tau.mean()), "max": float(tau.max()),
-                            "updates": len(updates)}
-    evals = run.table("evals")
-    if evals:
-        final = max(evals, key=lambda e: (e["step"] or 0))
-        out["accuracy"] = final.get("accuracy")
-    if run.table("collectives"):
-        out["collectives"] = [{k: c[k] for k in ("op", "bytes", "count", "dtype", "time_s",
-                                                 "algbw_GBps", "busbw_GBps", "busbw_factor")}
-                              for c in run.table("collectives")]
-    if run.table("compute"):
-        out["compute"] = [{k: c.get(k) for k in ("unit", "batch_size", "pass", "median_s",
-                                                 "iqr_s", "repeats")}
-                          for c in run.table("compute")]
-    return out
-
-
-def render(s: dict[str, Any]) -> str:
-    head = (f"run {s['run_id']}: {s['kind']}"
-            + (f" {s['workload']}" if s.get("workload") else "")
-            + f", {_processes(s['world_size'])} ({s['backend'] or '?'})"
-            + (f", link capped at {s['link_rate_Gbps']:g} Gbit/s" if s["link_rate_Gbps"] else "")
-            + (", OVERSUBSCRIBED" if s["oversubscribed"] else "")
-            + f": {s['status'].upper()}" + (f" — {s['reason']}" if s["reason"] else ""))
-    lines = [head]
-    if "step_time_s" in s:
-        st = s["step_time_s"]
-        lines += [f"  throughput       {s['throughput_samples_per_s']:,.1f} samples/s",
-                  f"  step time        median {_ms(st['median'])}   IQR {_ms(st['iqr'])}   "
-                  f"({st['count']} step records)",
-                  f"  per step         compute {_ms(s['compute_s_median'])} | comm wait "
-                  f"{_ms(s['comm_wait_s_median'])} (medians)"]
-        if s.get("final_loss") is not None:
-            lines.append(f"  final loss       {s['final_loss']:.4f}")
-    if "peak_memory_bytes" in s:
-        peaks = s["peak_memory_bytes"]
-        lines.append(f"  peak memory      {max(peaks.values()) / MIB:,.1f} MiB max over ranks "
-                     f"({s['memory_method']}): "
-                     + ", ".join(f"r{r} {v / MIB:,.1f}" for r, v in peaks.items()))
-    if "staleness" in s:
-        t = s["staleness"]
-        lines.append(f"  staleness        mean {t['mean']:.2f}, max {t['max']:.0f} over "
-                     f"{t['updates']} updates")
-    if s.get("accuracy") is not None:
-        lines.append(f"  accuracy         {s['accuracy']:.4f} (held-out)")
-    if "collectives" in s:
-        lines.append(render_collectives(s["collectives"]))
-    if "compute" in s:
-        lines.append(render_compute(s["compute"]))
-    return "\n".join(lines)
-
-
-def render_collectives(rows: list[dict]) -> str:
-    """nccl-tests' columns: size count type redop time algbw busbw."""
-    out = []
-    for op in dict.fromkeys(r["op"] for r in rows):
-        out += [f"# {op}",
-                f"#{'size':>12} {'count':>12} {'type':>7} {'redop':>6} {'time':>10} "
-                f"{'algbw':>8} {'busbw':>8}",
-                f"#{'(B)':>12} {'(elements)':>12} {'':>7} {'':>6} {'(us)':>10} "
-                f"{'(GB/s)':>8} {'(GB/s)':>8}"]
-        for r in (r for r in rows if r["op"] == op):
-            redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
-            out.append(f" {r['bytes']:>12} {r['count']:>12} "
-                       f"{NCCL_TYPE.get(r['dtype'], r['dtype']):>7} {redop:>6} "
-                       f"{r['time_s'] * 1e6:>10.1f} {r['algbw_GBps']:>8.3f} "
-                       f"{r['busbw_GBps']:>8.3f}")
-    return "\n".join(out)
-
-
-def render_compute(rows: list[dict]) -> str:
-    out = [f"  {'unit':<16} {'batch':>6} {'pass':<9} {'median':>10} {'IQR/median':>10}"]
-    for r in rows:
-        med, iqr = r["median_s"] or 0.0, r["iqr_s"] or 0.0
-        ratio = iqr / med if med else 0.0
-        out.append(f"  {str(r['unit']):<16} {r['batch_size']:>6} {str(r['pass']):<9} "
-                   f"{_ms(med):>10} {ratio:>9.0%}" + ("  noisy" if ratio > 0.10 else ""))
-    return "\n".join(out)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.2f} ms" if seconds < 10 else f"{seconds:,.2f} s"
-
-
-def _processes(n: int | None) -> str:
-    return "? processes" if n is None else f"{n} process" + ("es" if n != 1 else "")
-
-
-from perfmodel.commands.measure_elastic import command as elastic_command  # noqa: E402
 
 command.add_command(elastic_command)      # `perfmodel measure elastic ddp|ps`

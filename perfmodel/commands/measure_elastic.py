@@ -7,33 +7,26 @@
   standby worker is added later (measure/runs/elastic_ps.py).
 
 Detection, restart and lost work are stored as "elastic" records (the store's other_records)
-so that calibration can replace the model's defaults. torch is imported only by the workers;
-the shared plumbing of `perfmodel measure` is imported when a command runs.
+so that calibration can replace the model's defaults. measure/session.py launches and
+stores; measure/summary.py says what happened. torch is imported only by the workers.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
+from measure import session
+from measure.configs import elastic_config
+from measure.store import Store
+from measure.summary import elastic_events, render, render_elastic_event, summarize
+from perfmodel.commands.errors import check_run, one_line_errors
+from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
-from perfmodel.workload import load_workload, workload_paths
-
-
-def one_line_errors(f):
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except PerfmodelError as e:
-            from perfmodel.commands.measure import OneLineError
-            raise OneLineError(str(e)) from e
-    return wrapper
 
 
 def common_options(f):
@@ -90,19 +83,22 @@ def ddp(workers, steps, checkpoint_every, kills, nnodes, max_restarts, workload,
     ready again: rendezvous, process start, process-group init, checkpoint reload), lost
     steps (done since the checkpoint) and recovery (kill -> lost progress regained).
     """
-    from measure.elastic_launch import launch_elastic, parse_kills
+    from measure.elastic_launch import parse_kills
 
     schedule = parse_kills(kills)
     lo, _, hi = nnodes.partition(":")
     if not (lo.isdigit() and (hi or lo).isdigit()):
         raise PerfmodelError(f"--nnodes '{nnodes}' is not MIN:MAX (example: 1:2)")
-    config = _config("elastic_ddp", workers, workload, batch_size, steps, seed, timeout_s,
-                     {"elastic_ddp": {"checkpoint_every": checkpoint_every}})
-    result, _ = _run(lambda progress: launch_elastic(
-        config, workers, schedule, min_nodes=int(lo), max_nodes=int(hi or lo),
-        max_restarts=max_restarts, timeout_s=max_time_s, progress=progress,
-        oversubscribe=oversubscribe), config, workers, steps, as_json)
-    _finish(result, db, as_json)
+    config = elastic_config("elastic_ddp", workers=workers, workload=workload,
+                            batch_size=batch_size, steps=steps, seed=seed, timeout_s=timeout_s,
+                            options={"elastic_ddp": {"checkpoint_every": checkpoint_every}})
+    store = Store(db)
+    with _progress(config, workers, steps, as_json) as update:
+        stored = session.run_elastic_ddp(
+            config, workers, schedule, store, min_nodes=int(lo), max_nodes=int(hi or lo),
+            max_restarts=max_restarts, timeout_s=max_time_s, progress=update,
+            oversubscribe=oversubscribe)
+    _finish(stored, store, as_json)
 
 
 @command.command("ps")
@@ -125,86 +121,44 @@ def ps(workers, steps, standby, leave, join_after, workload, batch_size, seed, d
     Prints the update rate before the leave, while the worker is gone and after the joiner's
     first update, and the joiner's join time (parameters sent -> its first gradient in).
     """
-    from measure.elastic_launch import launch_membership_ps
-
     who, _, after = leave.partition("@")
     if not (who.isdigit() and after.isdigit()):
         raise PerfmodelError(f"--leave '{leave}' is not WORKER@STEPS (example: 0@10)")
     options = {"ps": {"mode": "async"},
                "elastic_ps": {"leave_worker": int(who), "leave_after_steps": int(after),
                               "standby": standby, "join_after_updates": join_after}}
-    config = _config("elastic_ps", workers, workload, batch_size, steps, seed, timeout_s,
-                     options)
-    result = _run(lambda progress: launch_membership_ps(
-        config, workers, timeout_s=max_time_s, progress=progress,
-        oversubscribe=oversubscribe), config, workers + 1, steps, as_json)
-    _finish(result, db, as_json)
+    config = elastic_config("elastic_ps", workers=workers, workload=workload,
+                            batch_size=batch_size, steps=steps, seed=seed, timeout_s=timeout_s,
+                            options=options)
+    store = Store(db)
+    with _progress(config, workers + 1, steps, as_json) as update:
+        stored = session.run_membership_ps(config, workers, store, timeout_s=max_time_s,
+                                           progress=update, oversubscribe=oversubscribe)
+    _finish(stored, store, as_json)
 
 
 # ------------------------------------------------------------------ plumbing
 
 
-def _config(kind: str, workers: int, workload: str, batch_size: int | None, steps: int,
-            seed: int, timeout_s: float, options: dict) -> dict[str, Any]:
-    if workload not in workload_paths():
-        raise PerfmodelError(f"unknown workload '{workload}'; choose from: "
-                             f"{', '.join(sorted(workload_paths()))}")
-    w = load_workload(workload)
-    return {"kind": kind, "workers": workers, "workload": workload,
-            "batch_size": batch_size or w.batch_size, "steps": steps, "warmup_steps": 0,
-            "seed": seed, "speed": [], "options": options, "timeout_s": timeout_s,
-            "threads_per_worker": 1}
-
-
-def _run(start, config: dict, nproc: int, steps: int, as_json: bool):
-    from perfmodel.commands.measure import ProgressBar
-
+@contextlib.contextmanager
+def _progress(config: dict, nproc: int, steps: int, as_json: bool):
     label = f"{config['kind']} ({config['workload']}, {nproc} processes)"
-    with ProgressBar(steps, label, hidden=as_json or not sys.stderr.isatty()) as update:
-        return start(update)
+    with RunsProgress(command="perfmodel measure", label=label, total=steps,
+                      bar=not as_json and sys.stderr.isatty(), lines=False) as bar:
+        yield bar.start(label, steps)
 
 
-def _finish(result, db, as_json: bool) -> None:
-    """Store the run with its records, print its summary and the elastic figures."""
-    from measure.recorder import read_records
-    from measure.store import Store
-    from perfmodel.commands.measure import RunFailedError, render, summarize
-
-    store = Store(db)
-    run_id = store.ingest(result.run_dir, result.status, result.reason)
-    summary = summarize(store.get_run(run_id))
-    elastic = [{k: v for k, v in r.items() if k not in ("type", "rank")}
-               for r in read_records(result.run_dir) if r.get("type") == "elastic"
-               and r.get("event") in ("recovery", "membership", "left", "join_sent")]
-    summary["elastic"] = elastic
+def _finish(stored: session.StoredRun, store: Store, as_json: bool) -> None:
+    """Print the stored run's summary and its elastic events; exit 1 if it failed."""
+    summary = summarize(store.get_run(stored.run_id))
+    events = elastic_events(stored.run_dir)
+    summary["elastic"] = events
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         click.echo(render(summary))
-        for e in elastic:
-            click.echo("  " + _line(e))
-        click.echo(f"stored as run {run_id} in {store.path} (raw records: {result.run_dir})")
-    if result.interrupted:
-        raise click.Abort()
-    if not result.ok:
-        raise RunFailedError(f"run {run_id} failed: {result.reason}")
-
-
-def _line(e: dict[str, Any]) -> str:
-    def s(key: str) -> str:
-        v = e.get(key)
-        return "?" if v is None else f"{v:.2f} s"
-
-    if e["event"] == "recovery":
-        return (f"recovery of attempt {e['attempt']} (rank {e['killed_rank']} killed after "
-                f"step {e['steps_done'] - 1}): detection {s('detection_s')}, restart "
-                f"{s('restart_s')} (rendezvous {s('rendezvous_s')}, start-up "
-                f"{s('startup_s')}, reload {s('reload_s')}), lost {e['lost_steps']} steps "
-                f"({s('lost_work_s')}), recovered in {s('recovery_s')}")
-    if e["event"] == "membership":
-        rates = ", ".join(f"{w} {e[f'update_rate_{w}_per_s']:.1f}/s"
-                          for w in ("before", "gone", "after")
-                          if f"update_rate_{w}_per_s" in e)
-        return (f"updates {e['updates']}: rate {rates}; joiner's first gradient "
-                f"{s('join_s')} after the parameters were sent")
-    return f"{e['event']}: worker {e.get('worker')} at server version {e.get('version')}"
+        for e in events:
+            click.echo("  " + render_elastic_event(e))
+        click.echo(f"stored as run {stored.run_id} in {store.path} (raw records: "
+                   f"{stored.run_dir})")
+    check_run(stored)

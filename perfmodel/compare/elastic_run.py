@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from measure import session
+from measure.recorder import read_records
+from measure.session import Progress, StoredRun
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare import elastic
 from perfmodel.compare.elastic import CALIBRATION, HELD_OUT, ElasticItem
@@ -26,22 +28,20 @@ TIMEOUT_S = 120.0               # process-group timeout of each elastic run
 
 
 def measure_one(item: ElasticItem, store, *, seed: int, max_time_s: float | None,
-                progress) -> tuple[int, Any, list[dict], list]:
-    """(run id, launch result, records, recoveries) of one real run of `item`, stored."""
-    from measure.elastic_launch import Kill, launch_elastic, launch_membership_ps
-    from measure.recorder import read_records
+                progress) -> tuple[StoredRun, list[dict]]:
+    """(the stored run, its records) of one real run of `item` (measure/session.py)."""
+    from measure.elastic_launch import Kill
 
     config = item.config(seed, TIMEOUT_S)
     config["compare"] = {"item": item.key}
     if item.kind == "elastic_ddp":
-        result, found = launch_elastic(config, item.workers,
-                                       [Kill(r, s) for r, s in item.kills],
-                                       timeout_s=max_time_s, progress=progress)
+        stored = session.run_elastic_ddp(config, item.workers,
+                                         [Kill(r, s) for r, s in item.kills], store,
+                                         timeout_s=max_time_s, progress=progress)
     else:
-        result, found = launch_membership_ps(config, item.workers, timeout_s=max_time_s,
-                                             progress=progress), []
-    run_id = store.ingest(result.run_dir, result.status, result.reason)
-    return run_id, result, read_records(result.run_dir), found
+        stored = session.run_membership_ps(config, item.workers, store, timeout_s=max_time_s,
+                                           progress=progress)
+    return stored, read_records(stored.run_dir)
 
 
 def step_prediction(profile: ClusterProfile, item: ElasticItem, errors: CalibrationErrors |
@@ -78,24 +78,22 @@ def predict_held_out(profile: ClusterProfile, errors: CalibrationErrors | None,
 
 def run_all(profile: ClusterProfile, errors: CalibrationErrors | None, store, out: Path, *,
             seed: int, repeats: int, max_time_s: float | None,
-            progress: Callable[[str, int], Callable[[int], None]],
-            finished: Callable[[str], None]) -> dict[str, Any]:
+            progress: Progress) -> dict[str, Any]:
     """The calibration run, the predictions, the held-out runs (`repeats` times each,
     interleaved) and the report rows. A failed run is listed, not used."""
     failed: list[dict[str, Any]] = []
 
     def one(item: ElasticItem, label: str):
-        update = progress(f"{item.key} {label}", item.steps)
-        run_id, result, records, found = measure_one(item, store, seed=seed,
-                                                     max_time_s=max_time_s, progress=update)
-        finished(f"{item.key} {label}: run {run_id}, {result.wall_s:.0f} s"
-                 + ("" if result.ok else f", FAILED: {result.reason}"))
-        if result.interrupted:
+        text = f"{item.key} {label}"
+        stored, records = measure_one(item, store, seed=seed, max_time_s=max_time_s,
+                                      progress=progress.start(text, item.steps))
+        progress.finish(stored.outcome(text))
+        if stored.interrupted:
             raise KeyboardInterrupt
-        if not result.ok:
-            failed.append({"key": item.key, "run_id": run_id, "reason": result.reason})
+        if not stored.ok:
+            failed.append({"key": item.key, "run_id": stored.run_id, "reason": stored.reason})
             return None
-        return run_id, records, found
+        return stored.run_id, records, list(stored.recoveries)
 
     from measure.elastic_launch import measured_costs
 

@@ -10,12 +10,13 @@ The 1-minute load average before each run is kept: this machine's 2 cores may be
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from measure import session
+from measure.session import Progress
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
 from perfmodel.compare.matching import (
@@ -130,16 +131,14 @@ class Measurements:
 
 def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
                 repeats: int, steps: int, seed: int, max_time_s: float | None,
-                progress: Callable[[str, int], Callable[[int], None]],
-                finished: Callable[[str], None]) -> Measurements:
-    """Run every configuration `repeats` times, interleaved; store each run at once.
+                progress: Progress) -> Measurements:
+    """Run every configuration `repeats` times, interleaved; store each run at once
+    (measure/session.py).
 
-    `progress(label, total)` starts one run's progress and returns its update callback;
-    `finished(line)` reports the run. A failed run is stored, listed and not retried; Ctrl-C
-    stores the run and raises KeyboardInterrupt.
+    `progress.start(label, total)` starts one run's progress and returns its update callback;
+    `progress.finish(line)` reports the run. A failed run is stored, listed and not retried;
+    Ctrl-C stores the run and raises KeyboardInterrupt.
     """
-    from measure.launch import launch
-
     found = Measurements()
     for repeat in range(1, repeats + 1):
         for h in held_out:
@@ -150,29 +149,25 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
                                         "tc); this session is not root")
                 continue
             config = run_config(h, profile, steps=steps, seed=seed, repeat=repeat)
-            update = progress(f"{h.key} ({repeat}/{repeats})", steps)
+            label = f"{h.key} ({repeat}/{repeats})"
+            update = progress.start(label, steps)
             load = os.getloadavg()[0]
             try:
-                if h.link_rate_Gbps:
-                    from measure.netem import launch_capped
-                    result = launch_capped(config, h.processes, h.link_rate_Gbps,
-                                           progress=update, timeout_s=max_time_s)
-                else:
-                    result = launch(config, h.processes, progress=update,
-                                    oversubscribe=h.timed_wait, timeout_s=max_time_s)
+                stored = session.run(config, h.processes, store,
+                                     link_rate_Gbps=h.link_rate_Gbps or None, progress=update,
+                                     oversubscribe=h.timed_wait and not h.link_rate_Gbps,
+                                     timeout_s=max_time_s)
             except PerfmodelError as e:
                 found.skipped[h.key] = str(e)
-                finished(f"{h.key}: skipped: {e}")
+                progress.finish(f"{h.key}: skipped: {e}")
                 continue
-            run_id = store.ingest(result.run_dir, result.status, result.reason)
-            found.load[run_id] = load
-            if result.ok:
-                found.ok.setdefault(h.key, []).append(run_id)
+            found.load[stored.run_id] = load
+            if stored.ok:
+                found.ok.setdefault(h.key, []).append(stored.run_id)
             else:
-                found.failed.setdefault(h.key, []).append((run_id, result.reason))
-            finished(f"{h.key} ({repeat}/{repeats}): run {run_id}, {result.wall_s:.0f} s"
-                     + ("" if result.ok else f", FAILED: {result.reason}"))
-            if result.interrupted:
+                found.failed.setdefault(h.key, []).append((stored.run_id, stored.reason))
+            progress.finish(stored.outcome(label))
+            if stored.interrupted:
                 raise KeyboardInterrupt
     return found
 

@@ -103,7 +103,7 @@ def torch_memory_rows(ranks_spec: str | None) -> tuple[list[dict[str, Any]], str
     note = (f"PyTorch {version}'s own trackers ({rows[0]['method']}; DDP: "
             f"{rows[-1]['method']}) on the real GPT-2 XL module of measure/models.py, batch "
             f"{rows[0]['batch_size']}, one steady training step "
-            f"(perfmodel/compare/torch_memory.py; {seconds:.0f} s of CPU when computed; "
+            f"(measure/torch_memory.py; {seconds:.0f} s of CPU when computed; "
             f"{'computed in this run' if todo else 'reused from ' + str(cache_path)}). "
             f"perfmodel's side is its analytic model (perfmodel/memory.py) without framework "
             f"overhead, which the trackers cannot see. Mixed precision differs by design: "
@@ -118,7 +118,7 @@ def torch_memory_rows(ranks_spec: str | None) -> tuple[list[dict[str, Any]], str
 def run_torch_memory(args: list[str]) -> list[dict[str, Any]]:
     """PyTorch's estimates, in a process of their own (they import torch, fake a process
     group and take seconds to minutes each)."""
-    done = subprocess.run([sys.executable, "-m", "perfmodel.compare.torch_memory", "--json",
+    done = subprocess.run([sys.executable, "-m", "measure.torch_memory", "--json",
                            *args], capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -192,7 +192,7 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
         f"{WARMUP_STEPS} warm-up steps per run.",
         "TIMED-WAIT runs (marked in the table): each worker's forward, backward and optimizer "
         "step is a sleep of the calibrated time, less the CPU work the worker does between "
-        "its sleeps (measure/training.py, `Sleeper`), so 4-8 workers fit on 2 cores while "
+        "its sleeps (measure/timed_wait.py, `Sleeper`), so 4-8 workers fit on 2 cores while "
         "gradients, all-reduces, all-gathers, PS pushes, pulls, the server's apply and every "
         "synchronisation stay real — what a GPU leaves to the CPU. They check "
         "communication, synchronisation and queueing, not compute. The store marks them "

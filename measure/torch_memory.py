@@ -1,6 +1,6 @@
 """PyTorch's own estimate of per-rank peak memory for jobs far larger than this machine.
 
-    python -m perfmodel.compare.torch_memory --workload gpt2-xl --fsdp 8,64 --ddp 8 [--json]
+    python -m measure.torch_memory --workload gpt2-xl --fsdp 8,64 --ddp 8 [--json]
 
 How (DESIGN.md, "What this machine can and cannot measure"; torchtitan's memory estimator
 does the same): one process joins a fake process group of N ranks
@@ -148,7 +148,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m perfmodel.compare.torch_memory",
+    parser = argparse.ArgumentParser(prog="python -m measure.torch_memory",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="gpt2-xl")
     parser.add_argument("--batch-size", type=int, default=None)

@@ -1,0 +1,147 @@
+"""Measure one run and store it: launch, supervise, ingest into the store, hand back its id.
+
+What `perfmodel measure`, `perfmodel calibrate` (calibration/driver.py) and `perfmodel
+compare` (perfmodel/compare/) all call, so every run is launched and stored the same way:
+
+- `run`: one run with torchrun (measure/launch.py), or split over two emulated nodes behind
+  a capped link (measure/netem.py, root only);
+- `run_elastic_ddp`: DDP under torchrun's elastic mode with ranks killed on schedule
+  (measure/elastic_launch.py);
+- `run_membership_ps`: an asynchronous parameter server that a worker leaves and a standby
+  joins.
+
+Each stores the run with every rank's records in the measurement store (measure/store.py),
+whether it succeeded, failed or was interrupted, and returns a `StoredRun`; what a person
+reads about it comes from measure/summary.py. Progress goes to an optional callback object
+(`Progress`: a bar, lines, or nothing). No torch here: only the launched ranks import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from measure.elastic_launch import Kill, Recovery, launch_elastic, launch_membership_ps
+from measure.launch import LaunchResult, launch
+from measure.netem import launch_capped
+from measure.store import Store
+from perfmodel.errors import PerfmodelError
+
+Update = Callable[[int], None]     # called with the progress records seen so far
+
+
+class RunFailedError(PerfmodelError):
+    """A run happened and failed (stored, with its reason); the CLI exits with 1, not 2."""
+
+
+class Progress(Protocol):
+    """Progress over a series of runs: the CLI's bar (perfmodel/commands/progress.py)."""
+
+    def begin(self, total: int) -> None:
+        """The runs to come take `total` progress records in all."""
+
+    def start(self, label: str, size: int) -> Update:
+        """A run of `size` progress records starts; returns its update callback."""
+
+    def finish(self, line: str) -> None:
+        """The run ended; `line` says how."""
+
+
+class NoProgress:
+    """Progress that shows nothing (tests, library callers)."""
+
+    def begin(self, total: int) -> None:
+        pass
+
+    def start(self, label: str, size: int) -> Update:
+        return _ignore
+
+    def finish(self, line: str) -> None:
+        pass
+
+
+def _ignore(done: int) -> None:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredRun:
+    """A launched run and its id in the store."""
+
+    run_id: int
+    result: LaunchResult
+    recoveries: tuple[Recovery, ...] = ()      # elastic DDP: one per kill, from the launcher
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.interrupted
+
+    @property
+    def reason(self) -> str:
+        return self.result.reason
+
+    @property
+    def wall_s(self) -> float:
+        return self.result.wall_s
+
+    @property
+    def run_dir(self) -> Path:
+        return self.result.run_dir
+
+    def outcome(self, label: str) -> str:
+        """One line for a progress report: `label: run 12, 9 s` (and why it failed)."""
+        return (f"{label}: run {self.run_id}, {self.wall_s:.0f} s"
+                + ("" if self.ok else f", FAILED: {self.reason}"))
+
+
+def store_result(store: Store, result: LaunchResult,
+                 recoveries: Sequence[Recovery] = ()) -> StoredRun:
+    """Ingest a finished launch's run directory into the store."""
+    run_id = store.ingest(result.run_dir, result.status, result.reason)
+    return StoredRun(run_id=run_id, result=result, recoveries=tuple(recoveries))
+
+
+def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] = (),
+        link_rate_Gbps: float | None = None, progress: Update | None = None,
+        oversubscribe: bool = False, timeout_s: float | None = None,
+        run_root: Path | None = None) -> StoredRun:
+    """Launch one run of `nproc` local ranks (behind a link capped at `link_rate_Gbps`, if
+    given), wait until no process of it is left, and store it."""
+    if torchrun_args and link_rate_Gbps is not None:
+        raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
+                             "combined with --nnodes/--rdzv-endpoint")
+    if link_rate_Gbps is not None:
+        result = launch_capped(config, nproc, link_rate_Gbps, run_root=run_root,
+                               progress=progress, oversubscribe=oversubscribe,
+                               timeout_s=timeout_s)
+    else:
+        result = launch(config, nproc, torchrun_args=torchrun_args, run_root=run_root,
+                        progress=progress, oversubscribe=oversubscribe, timeout_s=timeout_s)
+    return store_result(store, result)
+
+
+def run_elastic_ddp(config: dict, nproc: int, kills: Sequence[Kill], store: Store, *,
+                    min_nodes: int = 1, max_nodes: int = 2, max_restarts: int | None = None,
+                    timeout_s: float | None = None, progress: Update | None = None,
+                    oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
+    """An elastic DDP run with `kills`, stored with the launcher's recovery records."""
+    result, found = launch_elastic(config, nproc, kills, min_nodes=min_nodes,
+                                   max_nodes=max_nodes, max_restarts=max_restarts,
+                                   run_root=run_root, timeout_s=timeout_s, progress=progress,
+                                   oversubscribe=oversubscribe)
+    return store_result(store, result, found)
+
+
+def run_membership_ps(config: dict, workers: int, store: Store, *,
+                      timeout_s: float | None = None, progress: Update | None = None,
+                      oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
+    """An asynchronous PS run that a worker leaves and a standby joins, stored."""
+    result = launch_membership_ps(config, workers, run_root=run_root, timeout_s=timeout_s,
+                                  progress=progress, oversubscribe=oversubscribe)
+    return store_result(store, result)

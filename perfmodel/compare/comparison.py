@@ -1,0 +1,201 @@
+"""One held-out comparison, start to end: what `perfmodel compare` runs.
+
+Steps: find calibration set A in the store (or measure it, calibration/driver.py) and fit
+the profile from it (or take --profile); predict every configuration of set B
+(perfmodel/data/heldout/local.toml) and write the predictions before any run starts;
+measure set B `repeats` times through measure/session.py (run.py); the elastic part
+(elastic_run.py); pair runs with predictions; PyTorch's own memory estimate for GPT-2 XL at
+scale (measure/torch_memory.py, in its own process); figures and the report. Progress goes
+to measure.session.Progress callbacks; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration import driver
+from calibration.from_store import fit_from_runs
+from calibration.hardware import detect, torch_version
+from calibration.suite import build_suite
+from measure.session import NoProgress, Progress
+from measure.store import Store
+from perfmodel.cluster import ClusterProfile, parse_profile
+from perfmodel.compare import (
+    elastic,
+    elastic_report,
+    elastic_run,
+    figures,
+    protocol,
+    report,
+    run,
+    summary,
+)
+from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import load_toml, to_toml
+from perfmodel.uncertainty import calibration_errors
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a comparison wrote and found."""
+
+    out: Path                               # the report folder
+    predictions: int                        # configurations predicted
+    predict_only: bool                      # stopped after writing the predictions
+    headlines: tuple[str, ...] = ()         # one line per headline error
+    missed: tuple[str, ...] = ()            # targets missed
+    wall_s: float = 0.0
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report.md"
+
+    @property
+    def predictions_file(self) -> Path:
+        return self.out / "predictions.json"
+
+
+def default_out(cluster: str, quick: bool) -> Path:
+    return Path("reports") / f"{cluster}-{protocol.today()}-{'quick' if quick else 'heldout'}"
+
+
+def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repeats: int = 2,
+            seed: int = 0, calibrate: bool = False, profile_path: Path | None = None,
+            allow_other_host: bool = False, torch_memory: str | None = None,
+            predict_only: bool = False, max_time_s: float | None = 600,
+            command_line: str = "", calibration_progress: Progress | None = None,
+            progress: Progress | None = None) -> Outcome:
+    """Predict set B, measure it, write the report into `out` (see the module docstring).
+
+    `calibration_progress` follows the measurement of a missing set A (with `calibrate`),
+    `progress` the runs of set B and the elastic part.
+    """
+    started = time.monotonic()
+    here = os.uname().nodename
+    held_out = protocol.held_out_set(quick)
+    steps = protocol.STEPS["quick" if quick else "full"]
+    data, set_a, suite_configs, notes = profile_data(
+        store, cluster, profile_path=profile_path, calibrate=calibrate, here=here,
+        allow=allow_other_host, max_time_s=max_time_s, quick=quick,
+        progress=calibration_progress)
+    protocol.check_disjoint(held_out, suite_configs)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = write_profile(data, out / "profile.toml")
+    errors = calibration_errors(data)
+    predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed)
+    (out / "predictions.json").write_text(json.dumps(
+        {"command": command_line, "cluster": cluster, "seed": seed, "steps": steps,
+         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "predictions": predictions},
+        indent=1) + "\n")
+    if predict_only:
+        return Outcome(out=out, predictions=len(predictions), predict_only=True,
+                       wall_s=time.monotonic() - started)
+    progress = progress or NoProgress()
+    elastic_steps = 0 if quick else elastic.CALIBRATION.steps + repeats * sum(
+        i.steps for i in elastic.HELD_OUT)
+    progress.begin(len(held_out) * repeats * steps + elastic_steps)
+    found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps, seed=seed,
+                            max_time_s=max_time_s, progress=progress)
+    membership = None if quick else elastic_run.run_all(
+        profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
+        progress=progress)
+    rows = run.collect(store, predictions, found.ok, found.failed)
+    rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
+    torch_rows, torch_note = summary.torch_memory_rows(
+        None if quick and torch_memory is None else (torch_memory or "8,64"))
+    curves = summary.scaling_curves(held_out, profile, steps=steps, seed=seed)
+    tl_key = summary.timeline_key(rows)
+    by_key = {p["key"]: p for p in predictions}
+    drawn = figures.draw_all(
+        rows, out, curves=curves,
+        timeline_row=next((r for r in rows if r.key == tl_key), None),
+        timeline_data=by_key[tl_key]["timeline"] if tl_key else None, torch_points=torch_rows)
+    meta = summary.meta(
+        command=command_line, cluster=cluster, data=data, here=here, set_a=set_a,
+        held_out=held_out, repeats=repeats, steps=steps, seed=seed, found=found,
+        notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
+    elastic_lines: list[str] = []
+    if membership is not None:
+        if membership["measured"][elastic.HELD_OUT[0].key]:
+            drawn["elastic"] = elastic_report.figure(membership, out)
+        elastic_lines = elastic_report.markdown(
+            membership, drawn.get("elastic", {}).get("file"))
+    report.write_csv(rows, out / "comparisons.csv")
+    report.write_json(meta, rows, drawn, torch_rows, out / "comparisons.json",
+                      elastic=membership)
+    report.write_markdown(out / "report.md", meta=meta, rows=rows, figures=drawn,
+                          torch_rows=torch_rows, elastic_lines=elastic_lines,
+                          why_missed=summary.why_missed(
+                              rows, list(found.load.values()),
+                              overlap_slowdown=profile.compute.overlap_slowdown))
+    heads, missed = report.headline_lines(rows)
+    heads += elastic_report.headline(membership) if membership else []
+    return Outcome(out=out, predictions=len(predictions), predict_only=False,
+                   headlines=tuple(heads), missed=tuple(missed),
+                   wall_s=time.monotonic() - started)
+
+
+def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
+                 allow: bool, max_time_s: float | None, quick: bool,
+                 progress: Progress | None = None):
+    """(profile data, set A description, set A configs, warnings) from --profile or the
+    store's calibration runs (measured now with --calibrate)."""
+    notes: list[str] = []
+    if profile_path is not None:
+        data = load_toml(profile_path)
+        prov = data.get("provenance") or {}
+        if prov.get("source") != "measured":
+            raise PerfmodelError(f"{profile_path} is a spec-derived profile: a held-out check "
+                                 f"needs one calibrated here (`perfmodel calibrate --cluster "
+                                 f"{cluster}`)")
+        warning = protocol.check_host(str(prov.get("host", "")), here, allow=allow,
+                                      what=str(profile_path))
+        notes += [warning] if warning else []
+        ids = [int(i) for i in (data.get("calibration") or {}).get("run_ids", [])]
+        stored = {r.id: r for r in store.list_runs()}
+        configs = [stored[i].config for i in ids if i in stored]
+        if len(configs) < len(ids) or not ids:     # not in this store: the suite's own
+            configs += [m.config for q in (False, True)
+                        for m in build_suite("cpu", suite=cluster, quick=q)]
+        set_a = {"source": f"the runs behind {profile_path}", "ids": ids, "labels": []}
+        return data, set_a, configs, notes
+    found, configs = protocol.calibration_set(store.list_runs(), cluster, host=here,
+                                             any_host=allow)
+    ids = list(found.ids)
+    if found.missing:
+        if not calibrate:
+            raise PerfmodelError(protocol.missing_calibration_message(found, cluster,
+                                                                      store.path, here))
+        ids = calibrate_set_a(cluster, store, here, max_time_s=max_time_s, quick=quick,
+                              progress=progress)
+        found, configs = protocol.calibration_set(store.list_runs(), cluster, host=here,
+                                                 any_host=allow)
+    data = fit_from_runs(store, ids, name=cluster, base="local")
+    warning = protocol.check_host(str(data["provenance"].get("host", "")), here, allow=allow,
+                                  what=f"the calibration in {store.path}")
+    notes += [warning] if warning else []
+    set_a = {"source": f"the {found.suite} calibration suite (`perfmodel calibrate --cluster "
+                       f"{cluster}`)", "ids": list(found.ids), "labels": list(found.labels)}
+    return data, set_a, configs, notes
+
+
+def calibrate_set_a(cluster: str, store, here: str, *, max_time_s: float | None, quick: bool,
+                    progress: Progress | None = None) -> list[int]:
+    """Measure the calibration suite's runs the store lacks (calibration/driver.py)."""
+    suite = build_suite(detect().kind, suite=cluster, quick=quick)
+    ids, _ = driver.run_suite(suite, store, fresh=False, host=here, torch=torch_version(),
+                              max_time_s=max_time_s, progress=progress)
+    return ids
+
+
+def write_profile(data: dict[str, Any], path: Path) -> ClusterProfile:
+    """Write set A's fitted profile into the report folder and parse it back."""
+    text = to_toml(data, header="Profile fitted by perfmodel compare from calibration set A.")
+    path.write_text(text, encoding="utf-8")
+    return parse_profile(tomllib.loads(text), path)
