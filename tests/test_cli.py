@@ -97,6 +97,38 @@ def test_predict_never_imports_torch():
     assert "NO-TORCH" in proc.stderr, proc.stderr
 
 
+def test_plain_predict_imports_no_plotting_elasticity_or_other_strategies():
+    """A plain predict (no elasticity options) stays off matplotlib, perfmodel.goodput,
+    sim/elastic.py, numpy.ma (np.percentile's) and the FSDP simulator (DDP's one-worker run
+    is the speed-up's baseline, so it is imported); with --events
+    the elasticity model is imported, so the check above is not vacuous."""
+    def modules(*args):
+        code = ("import sys; from perfmodel.cli import main; sys.argv=['perfmodel','predict',"
+                f"'--strategy','async-ps','--workers','16',{', '.join(map(repr, args))}]\n"
+                "try:\n    main()\nexcept SystemExit:\n    pass\n"
+                "print('MODULES', *sorted(sys.modules), file=sys.stderr)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        line = [ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES ")]
+        assert line, proc.stderr
+        return set(line[0].split()[1:])
+
+    plain = modules("--json")
+    for name in ("matplotlib", "perfmodel.goodput", "perfmodel.sim.elastic", "numpy.ma",
+                 "perfmodel.sim.fsdp", "torch"):
+        assert name not in plain, name
+    assert "perfmodel.sim.ps" in plain
+    elastic = modules("--events", "fail:3@120,join:3@300", "--json")
+    assert {"perfmodel.goodput", "perfmodel.sim.elastic"} <= elastic
+    assert "matplotlib" not in elastic
+
+
+def test_strategy_option_names_match_the_simulators():
+    from perfmodel import strategies
+    from perfmodel.commands.options import STRATEGY_OPTION_NAMES
+
+    assert strategies.all_option_names() == STRATEGY_OPTION_NAMES
+
+
 def test_sweep_writes_table_csv_json_and_plot(tmp_path):
     out = tmp_path / "sw"
     proc = _invoke(["sweep", "--strategies", "ddp,async-ps", "--workers", "1,4",

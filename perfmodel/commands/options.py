@@ -142,10 +142,14 @@ ELASTIC_OPTION_NAMES = ("events", "failure_rate_per_hour", "replace_after_s", "r
 
 def pop_elastic_options(kwargs: dict[str, Any], workers: int):
     """The elasticity config of the options given (None: none given), its size checked
-    against --max-events for a pool of `workers`; seed and max_events stay in kwargs."""
+    against --max-events for a pool of `workers`; seed and max_events stay in kwargs.
+    Without elasticity options perfmodel.goodput (and sim/elastic.py) is never imported."""
+    given = {k: kwargs.pop(k, None) for k in ELASTIC_OPTION_NAMES}
+    # --replace-after-s alone is no elasticity (elastic_config ignores it): nothing to build
+    if all(v is None for k, v in given.items() if k != "replace_after_s"):
+        return None
     from perfmodel.goodput import elastic_config
 
-    given = {k: kwargs.pop(k, None) for k in ELASTIC_OPTION_NAMES}
     config = elastic_config(**given, seed=kwargs.get("seed", 0))
     if config is not None:
         estimate = budget.elastic_events(
@@ -157,9 +161,17 @@ def pop_elastic_options(kwargs: dict[str, Any], workers: int):
     return config
 
 
+# The strategy options strategy_options() defines, in strategies.all_option_names()' order
+# (tests/test_cli.py checks they agree): naming them here spares predict importing every
+# strategy's simulator (DDP, FSDP and PS modules) just to learn their option names.
+STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "variant",
+                         "prefetch", "servers", "server_placement", "staleness_aware_lr",
+                         "delay_compensation", "staleness_bound")
+
+
 def pop_strategy_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The strategy options the user actually gave (None = not given)."""
-    return {k: v for k in strategy_records.all_option_names()
+    return {k: v for k in STRATEGY_OPTION_NAMES
             if (v := kwargs.pop(k, None)) is not None}
 
 
