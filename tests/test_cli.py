@@ -129,6 +129,39 @@ def test_strategy_option_names_match_the_simulators():
     assert strategies.all_option_names() == STRATEGY_OPTION_NAMES
 
 
+@pytest.mark.parametrize("extra", [[], ["--events", "fail:1@30,join:1@90"]],
+                         ids=["plain", "elastic"])
+def test_sweep_in_a_pool_writes_the_same_bytes_as_serial(tmp_path, extra):
+    """--jobs 2 (a process pool, points largest first) gives the rows of --jobs 1, in the
+    same order, byte for byte."""
+    outs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        proc = _invoke(["sweep", "--strategies", "ddp,sync-ps,async-ps,ssp-ps",
+                        "--workers", "2,3,8", "--steps", "6", "--out", str(out),
+                        "--jobs", jobs, *extra])
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    assert (outs[0] / "sweep.json").read_bytes() == (outs[1] / "sweep.json").read_bytes()
+    assert (outs[0] / "sweep.csv").read_bytes() == (outs[1] / "sweep.csv").read_bytes()
+    rows = json.loads((outs[1] / "sweep.json").read_text())["rows"]
+    assert [(r["strategy"], r["workers"]) for r in rows][:4] == [
+        ("ddp", 2), ("ddp", 3), ("ddp", 8), ("sync-ps", 2)]
+
+
+def test_sweep_pool_passes_a_workers_error_on():
+    from perfmodel.commands.options import build_scenario
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.sweep import run_sweep
+
+    kw = dict(cluster="a100", workload="resnet50", batch_size=None, steps=6, seed=0,
+              speed=None, stragglers=0, straggler_speed=0.5, jitter="lognormal",
+              jitter_cv=None)
+    scenarios = [build_scenario(workers=n, **kw) for n in (2, 3)]
+    with pytest.raises(PerfmodelError, match="does not apply to ddp"):
+        run_sweep(scenarios, ["async-ps", "ddp"], {"ddp": {"servers": 2}}, jobs=2)
+
+
 def test_sweep_writes_table_csv_json_and_plot(tmp_path):
     out = tmp_path / "sw"
     proc = _invoke(["sweep", "--strategies", "ddp,async-ps", "--workers", "1,4",

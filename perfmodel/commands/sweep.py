@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -43,7 +44,10 @@ def _int_list(text: str) -> list[int]:
               help="Folder for sweep.csv, sweep.json and sweep.png "
                    "[default: sweep-<cluster>-<workload>].")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def command(strategies, workers, out, as_json, **kwargs):
+@click.option("--jobs", type=click.IntRange(1), default=None,
+              help="Processes predicting points at once; 1 runs them one by one in this "
+                   "process. The rows are the same either way. [this machine's cores]")
+def command(strategies, workers, out, as_json, jobs, **kwargs):
     """Predict every strategy at every worker count; write a table, CSV, JSON and a plot.
 
     Strategy options apply to the strategies that take them (e.g. --variant to fsdp only).
@@ -91,13 +95,15 @@ def command(strategies, workers, out, as_json, **kwargs):
     except OSError as e:
         raise PerfmodelError(f"--out {out}: cannot write there ({e.strerror})") from None
 
-    from perfmodel.sweep import plot, run_sweep, write_csv, write_json
+    from perfmodel.sweep import load_pyplot, plot, run_sweep, write_csv, write_json
 
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     with click.progressbar(length=len(names) * len(counts), label="predicting",
                            file=click.get_text_stream("stderr")) as bar:
         scenarios = [build_scenario(workers=n, **kwargs) for n in counts]
+        # with a pool, this process imports matplotlib for the plot while the workers predict
         rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1),
-                         elastic=elastic)
+                         elastic=elastic, jobs=jobs, while_waiting=load_pyplot)
     base = scenarios[0]
     meta = {"cluster": base.cluster.name, "workload": base.workload.name,
             "batch_size": base.batch_size, "seed": base.seed, "options": per_strategy,
