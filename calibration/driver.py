@@ -21,8 +21,9 @@ from calibration.from_store import fit_from_runs
 from calibration.profile_writer import write_profile
 from calibration.suite import Measurement, reusable_run
 from measure import session
-from measure.session import NoProgress, Progress, RunFailedError
+from measure.session import NoProgress, Progress
 from measure.store import Store
+from perfmodel.errors import RunFailedError
 
 
 @dataclass(frozen=True, kw_only=True)

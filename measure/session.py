@@ -32,10 +32,6 @@ from perfmodel.errors import PerfmodelError
 Update = Callable[[int], None]     # called with the progress records seen so far
 
 
-class RunFailedError(PerfmodelError):
-    """A run happened and failed (stored, with its reason); the CLI exits with 1, not 2."""
-
-
 class Progress(Protocol):
     """Progress over a series of runs: the CLI's bar (perfmodel/commands/progress.py)."""
 

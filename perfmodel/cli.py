@@ -25,7 +25,25 @@ COMMANDS = {
 }
 
 
+class OneLineError(click.ClickException):
+    """A PerfmodelError as the user sees it: `perfmodel: error: ...` and its exit code."""
+
+    def __init__(self, error: PerfmodelError):
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"perfmodel: error: {self.message}", err=True)
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx):
+        """Every command's errors end here: one line and the error's exit code."""
+        try:
+            return super().invoke(ctx)
+        except PerfmodelError as e:
+            raise OneLineError(e) from e
+
     def list_commands(self, ctx):
         return list(COMMANDS)
 
@@ -61,9 +79,9 @@ def cli():
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
-    except PerfmodelError as e:
+    except PerfmodelError as e:           # raised before a command ran (LazyGroup.invoke)
         click.echo(f"perfmodel: error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("perfmodel: interrupted", err=True)
         sys.exit(130)

@@ -25,4 +25,4 @@ def test_a_missing_profile_path_is_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["predict", "--strategy", "ddp", "--workers", "2",
                                       "--cluster", str(tmp_path / "none.toml")])
     assert result.exit_code != 0
-    assert "no such file" in str(result.exception)
+    assert result.exit_code == 2 and "no such file" in result.output

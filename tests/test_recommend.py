@@ -123,4 +123,4 @@ def test_cli_help_and_bad_input():
     assert bad.exit_code == 2
     unknown = runner.invoke(cli, ["recommend", "--workers", "4", "--optimizer", "sgd",
                                   "--lr", "0.7"])
-    assert unknown.exit_code != 0 and "no fit for sgd at lr 0.7" in str(unknown.exception)
+    assert unknown.exit_code == 2 and "no fit for sgd at lr 0.7" in unknown.output

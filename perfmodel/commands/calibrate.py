@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from perfmodel.commands.errors import one_line_errors
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
@@ -47,7 +46,6 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
 @click.option("--nproc-per-node", type=click.IntRange(1), default=None,
               help="Ranks per node for collectives and DDP [2 on CPU, every GPU].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@one_line_errors
 def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
             rdzv_endpoint, rdzv_id, nproc_per_node, as_json):
     """Measure this machine or cluster and write a calibrated profile.

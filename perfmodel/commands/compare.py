@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from perfmodel.commands.errors import one_line_errors
 from perfmodel.commands.progress import RunsProgress
 
 
@@ -42,7 +41,6 @@ from perfmodel.commands.progress import RunsProgress
 @click.option("--max-time-s", type=click.FloatRange(1), default=600, show_default=True,
               help="Stop any one run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
-@one_line_errors
 def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow_other_host,
             torch_memory, predict_only, max_time_s, as_json):
     """Predict held-out configurations, measure them, and report the errors.

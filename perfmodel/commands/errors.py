@@ -1,46 +1,15 @@
-"""How a measuring command ends when something went wrong, as `perfmodel.cli.main` does.
+"""How a measuring command ends after a stored run that did not succeed.
 
-A PerfmodelError is one line `perfmodel: error: ...` and exit code 2 (bad input); a run that
-happened and failed (measure.session.RunFailedError) the same line and exit code 1; an
-interrupted run (stored first) exits as click's Abort does. The decorator gives commands
-run through click directly (tests, `CliRunner`) the same ending as `perfmodel.cli.main`.
+Errors themselves take one path: every PerfmodelError becomes one line and its exit code in
+`perfmodel.cli.LazyGroup.invoke` (2 for bad input, 1 for a run that failed).
 """
 
 from __future__ import annotations
 
-import functools
-
 import click
 
-from measure.session import RunFailedError, StoredRun
-from perfmodel.errors import PerfmodelError
-
-
-class OneLineError(click.ClickException):
-    """A PerfmodelError shown as `perfmodel: error: ...`, exit code 2, as perfmodel.cli does."""
-
-    exit_code = 2
-
-    def show(self, file=None) -> None:
-        click.echo(f"perfmodel: error: {self.message}", err=True)
-
-
-class FailedRunError(OneLineError):
-    """The run happened and failed: exit code 1, not a usage error."""
-
-    exit_code = 1
-
-
-def one_line_errors(f):
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except RunFailedError as e:
-            raise FailedRunError(str(e)) from e
-        except PerfmodelError as e:
-            raise OneLineError(str(e)) from e
-    return wrapper
+from measure.session import StoredRun
+from perfmodel.errors import RunFailedError
 
 
 def check_run(stored: StoredRun) -> None:

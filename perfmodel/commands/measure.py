@@ -26,7 +26,7 @@ from measure.configs import (
 from measure.configs import torchrun_args as make_torchrun_args
 from measure.store import Store
 from measure.summary import render, summarize
-from perfmodel.commands.errors import check_run, one_line_errors
+from perfmodel.commands.errors import check_run
 from perfmodel.commands.measure_elastic import command as elastic_command
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
@@ -151,7 +151,6 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
               help="Untimed iterations first [5 on GPUs, 2 on CPU].")
 @click.option("--dtype", default="float32", show_default=True, help="Element type.")
 @run_options
-@one_line_errors
 def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters, dtype,
                 seed, timeout_s, threads_per_worker, **kwargs):
     """Sweep collectives over message sizes, as nccl-tests does.
@@ -183,7 +182,6 @@ def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters,
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True,
               help="Untimed repetitions first.")
 @run_options
-@one_line_errors
 def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per_worker,
             **kwargs):
     """Time forward and backward of each unit of a workload at several batch sizes.
@@ -209,7 +207,6 @@ def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per
 @click.option("--first-bucket-MiB", "first_bucket_MiB", type=click.FloatRange(0, min_open=True),
               default=None, help="First bucket size [torch's 1].")
 @run_options
-@one_line_errors
 def ddp(bucket_cap_MiB, first_bucket_MiB, **kwargs):
     """Train with DistributedDataParallel and record every step.
 
@@ -231,7 +228,6 @@ def ddp(bucket_cap_MiB, first_bucket_MiB, **kwargs):
               show_default=True, help="full-shard (ZeRO-3) or grad-op (no re-gather in "
               "backward, ZeRO-2-like).")
 @run_options
-@one_line_errors
 def fsdp(variant, **kwargs):
     """Train with FSDP2 (fully_shard) and record every step and the peak memory per rank.
 
@@ -257,7 +253,6 @@ def fsdp(variant, **kwargs):
               help="Learning rate of the server's optimizer [the workload's, e.g. 0.05 for "
                    "mlp]; a smaller one keeps async training stable at higher staleness.")
 @run_options
-@one_line_errors
 def ps(mode, staleness_bound, staleness_aware_lr, delay_compensation, lr, **kwargs):
     """Train with a parameter server: rank 0 serves, ranks 1..N train.
 

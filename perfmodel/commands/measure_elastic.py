@@ -24,7 +24,7 @@ from measure import session
 from measure.configs import elastic_config
 from measure.store import Store
 from measure.summary import elastic_events, render, render_elastic_event, summarize
-from perfmodel.commands.errors import check_run, one_line_errors
+from perfmodel.commands.errors import check_run
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
@@ -74,7 +74,6 @@ def command() -> None:
 @click.option("--max-restarts", type=click.IntRange(0), default=None,
               help="torchrun --max-restarts [one per kill].")
 @common_options
-@one_line_errors
 def ddp(workers, steps, checkpoint_every, kills, nnodes, max_restarts, workload, batch_size,
         seed, db, oversubscribe, timeout_s, max_time_s, as_json):
     """DDP under torchrun elastic mode: kill ranks on schedule, recover from checkpoints.
@@ -113,7 +112,6 @@ def ddp(workers, steps, checkpoint_every, kills, nnodes, max_restarts, workload,
 @click.option("--join-after", type=click.IntRange(0), default=10, show_default=True,
               help="Updates applied after the leave before a standby joins.")
 @common_options
-@one_line_errors
 def ps(workers, steps, standby, leave, join_after, workload, batch_size, seed, db,
        oversubscribe, timeout_s, max_time_s, as_json):
     """Asynchronous PS: a worker leaves mid-run and a standby joins; the server keeps going.
