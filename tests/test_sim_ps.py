@@ -161,7 +161,7 @@ def test_async_throughput_matches_exact_mva(workers, steps):
     # Exponential compute (delay station Z) and one processor-sharing link visited twice per
     # cycle (pull + push, demand D): BCMP product form, so MVA is exact. D = Z/4 puts the knee
     # at N* = (Z+D)/D = 5: the cases sit below, at and above it. Latencies are pure delays.
-    latency_us, demand = 500.0, NOMINAL_S / 4
+    latency_us, demand = NOMINAL_S * 1e6 / 400, NOMINAL_S / 4   # latency << compute
     bw_GBps = 2 * PAYLOAD_BYTES / demand / 1e9
     sc = scenario(workers, steps, jitter="exponential", seed=7,
                   cluster=cluster(bw_GBps, latency_us))
