@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from measure.models import MODELS, ModelSpec
@@ -48,6 +49,60 @@ class UnitMeasure:
     params: int
     forward_flops_per_sample: float
     activation_bytes_per_sample: float
+    forward_bytes_per_sample: float
+    forward_kernels: int
+
+
+# Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul",
+              "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_cudnn_attention", "_convolution", "cudnn_convolution"}
+
+
+NO_KERNEL_OPS = {"_unsafe_view", "detach", "lift_fresh"}
+
+
+def _is_view(func) -> bool:
+    """A view or metadata op (or a prim:: query): launches no kernel, moves no bytes."""
+    name = func._schema.name
+    if not name.startswith("aten::") or name[6:] in NO_KERNEL_OPS:
+        return True
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                 for r in returns)
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+class OpClassCounter(TorchDispatchMode):
+    """Kernels and bytes moved (every tensor argument read once, every output written once)
+    of the memory-bound ops; matmul, conv and attention launch a kernel but their bytes are
+    left to the FLOP term."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if _is_view(func):
+            return out
+        self.kernels += 1
+        name = func._schema.name.split("::")[-1]
+        if name == "embedding":        # a gather: reads the rows it writes, not the table
+            self.bytes += 2 * _nbytes(out)
+        elif name not in MATMUL_OPS:
+            self.bytes += _nbytes(list(args)) + _nbytes(list(kwargs.values())) + _nbytes(out)
+        return out
 
 
 def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
@@ -97,6 +152,7 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
         return t
 
     flops: dict[str, int] = {}
+    moved: dict[str, OpClassCounter] = {}
     with torch.device("meta"):
         model = spec.build().train()
     with FakeTensorMode() as mode:
@@ -116,12 +172,17 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
             for name, unit in units:
                 current[0] = name
                 saved_bytes[name] = 0
-                with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
+                moved[name] = OpClassCounter()
+                with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter, \
+                        moved[name]:
                     x = unit(x)
                 flops[name] = counter.get_total_flops()
-            spec.loss(x, mode.from_tensor(targets))    # saves e.g. log-softmax: last unit's
+            with moved[name]:                            # the loss runs in the last unit
+                spec.loss(x, mode.from_tensor(targets))  # saves e.g. log-softmax
     return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
-                        activation_bytes_per_sample=saved_bytes[name] / batch)
+                        activation_bytes_per_sample=saved_bytes[name] / batch,
+                        forward_bytes_per_sample=moved[name].bytes / batch,
+                        forward_kernels=moved[name].kernels)
             for (name, _), n in zip(units, params, strict=True)]
 
 
@@ -144,13 +205,16 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
         "# forward_flops_per_sample: FlopCounterMode, 2 FLOPs per multiply-add; matmul, conv and",
         "#   attention only. activation_bytes_per_sample: distinct storages autograd saves for",
         "#   backward, parameters excluded, at the model's precision; the loss's go to the last",
-        "#   unit. Exactly what is counted: measure/make_workloads.py.",
+        "#   unit. forward_bytes_per_sample: bytes read + written by the memory-bound ops",
+        "#   (all but matmul/conv/attention) at the model's precision; forward_kernels: non-view",
+        "#   ops of one forward pass. Exactly what is counted: measure/make_workloads.py.",
         f"name = {_string(spec.name)}",
         f"description = {_string(spec.description)}",
         f"generated_by = {_string(command)}",
         f"precision = {_string(spec.precision)}",
         f"optimizer = {_string(spec.optimizer)}",
         f"batch_size = {spec.batch_size}",
+        f"activation_element_bytes = {4 if spec.precision == 'fp32' else 2}",
     ]
     for u in units:
         lines += [
@@ -160,6 +224,8 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
             f"params = {u.params}",
             f"forward_flops_per_sample = {_number(u.forward_flops_per_sample)}",
             f"activation_bytes_per_sample = {_number(u.activation_bytes_per_sample)}",
+            f"forward_bytes_per_sample = {_number(u.forward_bytes_per_sample)}",
+            f"forward_kernels = {u.forward_kernels}",
         ]
     return "\n".join(lines) + "\n"
 

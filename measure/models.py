@@ -251,6 +251,113 @@ def build_gpt(layers: int, d: int, heads: int, vocab: int, seq: int, tied: bool
     return nn.Sequential(OrderedDict(units))
 
 
+class MaskedLMHead(nn.Module):
+    """BERT pre-training heads: the masked-LM transform (dense, GELU, LayerNorm) and the
+    decoder tied to the token embedding over the first `masked` positions (NVIDIA's
+    DeepLearningExamples gathers the masked positions only: max_predictions_per_seq = 20 at
+    seq 128, 80 at 512), plus the next-sentence classifier on the pooled first token."""
+
+    def __init__(self, d: int, masked: int, tied_to: TokenEmbeddings):
+        super().__init__()
+        self.masked = masked
+        self.transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=1e-12))
+        self.pooler = nn.Linear(d, d)
+        self.nsp = nn.Linear(d, 2)
+        self._tied = (tied_to,)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mlm = F.linear(self.transform(x[:, : self.masked]), self._tied[0].tokens.weight)
+        nsp = self.nsp(torch.tanh(self.pooler(x[:, 0])))
+        return torch.cat([mlm.flatten(1), nsp], dim=1)
+
+
+def build_bert_pretraining(seq: int, masked: int) -> nn.Sequential:
+    units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(30522, seq, 1024, bert=True)}
+    for i in range(24):
+        units[f"layer{i}"] = EncoderLayer(1024, 16, 4096)
+    units["head"] = MaskedLMHead(1024, masked, tied_to=units["embeddings"])
+    return nn.Sequential(OrderedDict(units))
+
+
+def pretraining_loss(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy of the masked-LM logits and the next-sentence logits, summed."""
+    nsp, mlm = outputs[:, -2:], outputs[:, :-2].unflatten(1, (-1, 30522))
+    return (F.cross_entropy(mlm.flatten(0, 1).float(), targets[:, 1:].flatten())
+            + F.cross_entropy(nsp.float(), targets[:, 0] % 2))
+
+
+def pretraining_batch(seq: int, masked: int) -> Callable[[int, torch.Generator], Batch]:
+    def example_batch(batch_size: int, generator: torch.Generator) -> Batch:
+        ids = torch.randint(0, 30522, (batch_size, seq), generator=generator)
+        return ids, torch.randint(0, 30522, (batch_size, masked + 1), generator=generator)
+    return example_batch
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    """Llama 2/3 block (Touvron et al. 2023; Meta's llama3 model.py): pre-RMSNorm, grouped-
+    query attention without biases, SwiGLU. Rotary embeddings are left out (elementwise work
+    on Q and K only; no parameters)."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.norm1 = nn.RMSNorm(d, eps=1e-5)
+        self.q = nn.Linear(d, d, bias=False)
+        self.kv = nn.Linear(d, 2 * kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.norm2 = nn.RMSNorm(d, eps=1e-5)
+        self.ffn = SwiGLU(d, hidden)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, d = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(h).view(b, s, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
+        x = x + self.o(y.transpose(1, 2).reshape(b, s, d))
+        return x + self.ffn(self.norm2(x))
+
+
+class LlamaEmbeddings(nn.Module):
+    def __init__(self, vocab: int, d: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.tokens(ids)
+
+
+class LlamaHead(nn.Module):
+    def __init__(self, d: int, vocab: int):
+        super().__init__()
+        self.norm = nn.RMSNorm(d, eps=1e-5)
+        self.proj = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.norm(x))
+
+
+def build_llama(layers: int, d: int, heads: int, kv_heads: int, hidden: int, vocab: int
+                ) -> nn.Sequential:
+    units: dict[str, nn.Module] = {"embeddings": LlamaEmbeddings(vocab, d)}
+    for i in range(layers):
+        units[f"block{i}"] = LlamaBlock(d, heads, kv_heads, hidden)
+    units["head"] = LlamaHead(d, vocab)
+    return nn.Sequential(OrderedDict(units))
+
+
 # ---------------------------------------------------------------- CPU-sized models
 
 def build_mlp() -> nn.Sequential:
@@ -273,6 +380,54 @@ def build_cnn_small() -> nn.Sequential:
     units["head"] = nn.Sequential(nn.Flatten(), nn.Linear(128 * 2 * 2, 1024), nn.ReLU(),
                                   nn.Linear(1024, 10))
     return nn.Sequential(OrderedDict(units))
+
+
+# MPT sizes of mosaicml/llm-foundry's benchmark yamls (scripts/train/yamls/pretrain/mpt-*.yaml):
+# (d_model, n_heads, n_layers); vocab 50368, seq 2048, tied head. Built as GPT-2 blocks with
+# learned positions (the benchmark's parameter counts grow with the sequence, as learned
+# positions do); MPT's ALiBi bias and its absent biases are second-order here.
+MPT_SIZES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
+             "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32),
+             "13b": (5120, 40, 40)}
+
+
+def _mpt(size: str) -> ModelSpec:
+    d, heads, layers = MPT_SIZES[size]
+    return ModelSpec(
+        name=f"mpt-{size}",
+        description=f"MPT-{size} as in llm-foundry's benchmarks: {layers} layers, d={d}, "
+                    f"{heads} heads, vocab 50368, seq 2048, tied head",
+        precision="bf16-mixed", optimizer="adam", batch_size=1, learning_rate=1e-4,
+        build=lambda: build_gpt(layers, d, heads, vocab=50368, seq=2048, tied=True),
+        example_batch=token_batch(50368, 2048), loss=lm_loss)
+
+
+GPU_MODELS = [
+    *(_mpt(size) for size in MPT_SIZES),
+    ModelSpec(
+        name="llama2-13b",
+        description="Llama 2 13B (Touvron et al. 2023): 40 layers, d=5120, 40 heads, SwiGLU "
+                    "13824, vocab 32000, seq 4096, untied head",
+        precision="bf16-mixed", optimizer="adam", batch_size=1, learning_rate=1e-4,
+        build=lambda: build_llama(40, 5120, 40, 40, 13824, 32000),
+        example_batch=token_batch(32000, 4096), loss=lm_loss),
+    ModelSpec(
+        name="llama3-8b",
+        description="Llama 3 8B (Meta 2024): 32 layers, d=4096, 32 heads, 8 KV heads, SwiGLU "
+                    "14336, vocab 128256, seq 8192, untied head",
+        precision="bf16-mixed", optimizer="adam", batch_size=1, learning_rate=1e-4,
+        build=lambda: build_llama(32, 4096, 32, 8, 14336, 128256),
+        example_batch=token_batch(128256, 8192), loss=lm_loss),
+    *(ModelSpec(
+        name=f"bert-large-s{seq}",
+        description=f"BERT-large pre-training (Devlin et al. 2019) at seq {seq}: 24 layers, "
+                    f"hidden 1024, masked-LM head over {masked} positions tied to the "
+                    f"embedding, next-sentence head (NVIDIA DeepLearningExamples recipe)",
+        precision="bf16-mixed", optimizer="adam", batch_size=2, learning_rate=1e-4,
+        build=lambda seq=seq, masked=masked: build_bert_pretraining(seq, masked),
+        example_batch=pretraining_batch(seq, masked), loss=pretraining_loss)
+      for seq, masked in ((128, 20), (512, 80))),
+]
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
@@ -316,4 +471,5 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
         precision="fp32", optimizer="adam", batch_size=16, learning_rate=1e-3,
         build=lambda: build_gpt(2, 128, 4, vocab=256, seq=64, tied=False),
         example_batch=token_batch(256, 64), loss=lm_loss),
+    *GPU_MODELS,
 ]}

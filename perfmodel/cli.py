@@ -19,6 +19,7 @@ COMMANDS = {
     "measure": "Run real torch.distributed measurements and store them (needs torch).",
     "runs": "List stored measurement runs, or export them to CSV.",
     "compare": "Predict held-out configurations, measure them, and report the errors.",
+    "validate": "Compare predictions with published GPU training throughput (--published).",
     "recommend": "Rank DDP, FSDP and the PS modes by predicted time to accuracy, and say why.",
     "calibrate": "Measure this machine or cluster and write a calibrated profile (needs torch).",
     "findings": "Reproduce the study's findings: report.md, figures and findings.csv.",

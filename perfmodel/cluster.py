@@ -62,17 +62,34 @@ class Device:
     memory_GiB: float
     memory_bandwidth_GBps: float
     peak_TFLOPS: dict[str, float]       # per precision key: fp32, tf32, bf16, fp16
-    framework_overhead_GiB: float       # CUDA context, allocator reserve, library workspaces
+    framework_overhead_GiB: float       # CUDA context and library workspaces (cuBLAS, NCCL)
     memory_overhead_fraction: float = 0.0   # measured excess over the analytic memory parts
+    # Share of capacity the caching allocator cannot hand out (fragmentation, rounding of
+    # blocks); 0 where a measured overhead fraction already carries it.
+    allocator_reserve_fraction: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_GiB * 2**30
 
+    @property
+    def allocatable_bytes(self) -> float:
+        """Capacity less the allocator reserve: what the context and tensors share."""
+        return self.memory_bytes * (1.0 - self.allocator_reserve_fraction)
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What tensors may use: capacity - CUDA context - allocator reserve (one convention
+        in every profile; memory_GiB is always the card's capacity)."""
+        return (self.memory_GiB * (1.0 - self.allocator_reserve_fraction)
+                - self.framework_overhead_GiB) * 2**30
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Compute:
-    """Achieved compute: time = overhead + FLOPs / (peak x efficiency(FLOPs per unit call))."""
+    """Achieved compute, a roofline per unit pass and op class (perfmodel/sim/compute.py):
+    overhead + kernels x launch + matmul FLOPs / (peak x efficiency(FLOPs))
+    + memory-bound bytes / (HBM bandwidth x memory_efficiency)."""
 
     efficiency_by_flops: tuple[tuple[float, float], ...]   # [FLOPs of one unit pass, fraction]
     overhead_us_per_unit: float          # launch/dispatch cost per unit per pass
@@ -80,6 +97,11 @@ class Compute:
     optimizer_GBps: float                # bytes of optimizer state+params touched per second
     jitter_cv: float                     # coefficient of variation of a step's compute time
     overlap_slowdown: float = 1.0        # compute stretch while communication overlaps it
+    # Memory-bound op class (norms, activations, elementwise, softmax, embedding, loss):
+    # achieved fraction of HBM bandwidth; 0 = not modelled (profiles fitted before #12).
+    memory_efficiency: float = 0.0
+    launch_us_per_kernel: float = 0.0    # per kernel a workload unit launches
+    backward_bytes_ratio: float = 2.0    # backward bytes moved / forward (read grad + saved)
 
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
@@ -202,6 +224,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             peak_TFLOPS=peak,
             framework_overhead_GiB=dev.number("framework_overhead_GiB"),
             memory_overhead_fraction=dev.number("memory_overhead_fraction", 0.0, minimum=-0.9),
+            allocator_reserve_fraction=dev.number("allocator_reserve_fraction", 0.0),
         ),
         devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
         comm_cpu_cores_per_node=f.table("topology").integer("comm_cpu_cores_per_node", 0),
@@ -214,6 +237,9 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             optimizer_GBps=comp.number("optimizer_GBps", positive=True),
             jitter_cv=comp.number("jitter_cv"),
             overlap_slowdown=comp.number("overlap_slowdown", 1.0, positive=True),
+            memory_efficiency=comp.number("memory_efficiency", 0.0),
+            launch_us_per_kernel=comp.number("launch_us_per_kernel", 0.0),
+            backward_bytes_ratio=comp.number("backward_bytes_ratio", 2.0, positive=True),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,

@@ -19,7 +19,9 @@ Accounting conventions (the same for every strategy):
 - `optimizer_bytes` holds the fp32 master weights of mixed precision *and* the optimizer
   state (momentum; Adam's two moments), as ZeRO's "K" term does.
 - Activations = Σ unit.activation_bytes_per_sample × batch size; FSDP does not shard them.
-- `framework_bytes` is the profile's device.framework_overhead_GiB; capacity is the device's.
+- `framework_bytes` is the profile's device.framework_overhead_GiB (CUDA context, workspaces);
+  capacity is the device's less its allocator reserve, so a peak over capacity is a peak
+  over usable memory = capacity - context - allocator reserve.
 
 This is an analytic peak, not an allocator trace: it ignores fragmentation, the allocator's
 caching, temporary tensors inside kernels and collectives, and padding of shards to a
@@ -84,7 +86,9 @@ def _common(scenario: Scenario) -> dict[str, float]:
     return {
         "activations_bytes": per_sample * scenario.batch_size,
         "framework_bytes": device.framework_overhead_GiB * 2**30,
-        "capacity_bytes": device.memory_bytes,
+        # What the allocator can hand out; the context is charged in the peak, so a peak
+        # over this is a peak over usable memory (capacity - context - allocator reserve).
+        "capacity_bytes": device.allocatable_bytes,
     }
 
 

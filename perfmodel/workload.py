@@ -7,7 +7,7 @@ by `python -m measure.make_workloads` (FLOP counter on meta tensors); add your o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from perfmodel.errors import PerfmodelError
@@ -28,6 +28,9 @@ class Precision:
 
 PRECISIONS = {
     "fp32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_key="fp32"),
+    "tf32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_key="tf32"),
+    # "pure" bf16 (Megatron-style, Composer PURE): bf16 params and grads, fp32 master copy.
+    "bf16": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="bf16"),
     "bf16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="bf16"),
     "fp16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="fp16"),
 }
@@ -41,6 +44,10 @@ class Unit:
     params: int
     forward_flops_per_sample: float
     activation_bytes_per_sample: float
+    # Memory-bound op class: bytes read + written per sample by the forward's other kernels
+    # (norms, activations, elementwise, softmax, embedding, loss), and kernels per pass.
+    forward_bytes_per_sample: float = 0.0
+    forward_kernels: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +60,19 @@ class Workload:
     batch_size: int                 # default per-worker batch
     units: tuple[Unit, ...]
     path: Path
+    activation_element_bytes: int = 2   # element size the bytes were counted at
+
+    def with_precision(self, precision: str) -> Workload:
+        """This workload trained at another precision (perfmodel's --precision)."""
+        if precision not in PRECISIONS:
+            raise PerfmodelError(f"unknown precision '{precision}'; choose from "
+                                 f"{', '.join(PRECISIONS)}")
+        return replace(self, precision=precision)
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes per activation element at this precision: 4 for fp32/tf32, else 2."""
+        return 4 if self.precision in ("fp32", "tf32") else 2
 
     @property
     def precision_spec(self) -> Precision:
@@ -100,6 +120,8 @@ def parse_workload(data: dict, path: Path) -> Workload:
             params=u.integer("params"),
             forward_flops_per_sample=u.number("forward_flops_per_sample"),
             activation_bytes_per_sample=u.number("activation_bytes_per_sample"),
+            forward_bytes_per_sample=u.number("forward_bytes_per_sample", 0.0),
+            forward_kernels=u.integer("forward_kernels", 0),
         ))
     return Workload(
         name=f.str("name"),
@@ -110,6 +132,8 @@ def parse_workload(data: dict, path: Path) -> Workload:
         batch_size=f.integer("batch_size", minimum=1),
         units=tuple(units),
         path=path,
+        activation_element_bytes=f.integer("activation_element_bytes",
+                                           4 if precision == "fp32" else 2, minimum=1),
     )
 
 

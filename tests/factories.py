@@ -36,7 +36,8 @@ def make_cluster(base: str = "a100", *, zero_compute: bool = False, **changes) -
     c = load_cluster(base)
     if zero_compute:
         changes["compute"] = dataclasses.replace(
-            c.compute, overhead_us_per_unit=0.0, optimizer_GBps=1e30, jitter_cv=0.0)
+            c.compute, overhead_us_per_unit=0.0, optimizer_GBps=1e30, jitter_cv=0.0,
+            launch_us_per_kernel=0.0, memory_efficiency=0.0)
         changes["device"] = dataclasses.replace(
             c.device, peak_TFLOPS={k: 1e30 for k in c.device.peak_TFLOPS})
     return dataclasses.replace(c, **changes)

@@ -110,9 +110,8 @@ def test_local_and_new_names_build_on_what_is_found():
     assert choose_base("local", CPU_HOST).base == "local"
     assert choose_base("mybox", CPU_HOST).base == "local"
     assert choose_base("mybox", A10G_HOST).base == "a10g"
-    # an H100 has no shipped profile: the closest by memory (a100's 40 GiB), said so
-    choice = choose_base("h100box", H100_HOST)
-    assert choice.base == "a100" and "closest in memory" in choice.reason
+    # an H100 builds on the shipped h100 profile (issue 12 added it)
+    assert choose_base("h100box", H100_HOST).base == "h100"
 
 
 @pytest.mark.skipif(bool(hardware.detect().gpus), reason="this machine has GPUs")

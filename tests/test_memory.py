@@ -177,10 +177,10 @@ def test_oom_flips_when_capacity_is_exceeded(strategy):
             return fsdp_memory(s, "full-shard", prefetch=1)
         return ps_memory(s, servers=1)["worker"]
 
-    peak_GiB = breakdown(80.0).peak_bytes / 2**30
-    assert not breakdown(peak_GiB * 1.01).oom
-    assert breakdown(peak_GiB * 0.99).oom
-    assert not breakdown(peak_GiB).oom          # peak > capacity, not >=
+    # the card must hold the peak plus the allocator's reserve (issue 12's usable memory)
+    card_GiB = breakdown(80.0).peak_bytes / 2**30 / (1 - A100.device.allocator_reserve_fraction)
+    assert not breakdown(card_GiB * 1.01).oom
+    assert breakdown(card_GiB * 0.99).oom
 
 
 @settings(max_examples=50, deadline=None)
@@ -208,14 +208,15 @@ def test_ps_server_holds_optimizer_state_and_worker_does_not(servers):
     assert servers * server.optimizer_bytes == pytest.approx(12 * w.params, rel=REL_TOL)
     assert servers * server.params_bytes == pytest.approx(2 * w.params, rel=REL_TOL)
     assert server.activations_bytes == 0
-    assert server.capacity_bytes == worker.capacity_bytes == A100.device.memory_bytes
+    assert server.capacity_bytes == worker.capacity_bytes == A100.device.allocatable_bytes
 
 
 def test_framework_overhead_and_capacity_come_from_the_profile():
     m = ddp_memory(scenario(make_workload()), **DDP_DEFAULT_BUCKETS)
     assert m.framework_bytes == pytest.approx(A100.device.framework_overhead_GiB * 2**30,
                                               rel=REL_TOL)
-    assert m.capacity_bytes == pytest.approx(40 * 2**30, rel=REL_TOL)
+    reserve = A100.device.allocator_reserve_fraction     # usable-memory convention (#12)
+    assert m.capacity_bytes == pytest.approx(40 * 2**30 * (1 - reserve), rel=REL_TOL)
 
 
 @pytest.mark.parametrize("call", [

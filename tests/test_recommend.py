@@ -77,7 +77,8 @@ def test_ps_only_when_stragglers_make_it_win():
                           optimizer="momentum", lr=0.01)
     sync, stale = best(straggler, SYNCHRONOUS), best(straggler, ("async-ps", "ssp-ps"))
     assert stale.throughput_samples_per_s > sync.throughput_samples_per_s
-    assert straggler.choice is stale
+    assert straggler.choice.strategy in ("async-ps", "ssp-ps")   # the fastest PS, or one tied
+    assert straggler.choice.time_to_target_s <= stale.time_to_target_s * (1 + TIE_FRACTION)
     assert stale.time_to_target_s < sync.time_to_target_s
     assert any("pays off" in line for line in straggler.reasons)
 

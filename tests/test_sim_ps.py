@@ -179,7 +179,7 @@ def test_async_throughput_matches_exact_mva(workers, steps):
     # its NIC out (pulls): BCMP product form, so MVA is exact. A worker NIC carries a subset
     # of the server NIC's messages in the same order, so it never decides. D_push = D_pull =
     # Z/8 and D_apply = Z/8 put the knee at N* = (Z + D) / D_max = 11: cases below and above.
-    latency_us, demand = 500.0, NOMINAL_S / 8
+    latency_us, demand = NOMINAL_S * 1e6 / 400, NOMINAL_S / 8   # latency << compute
     bw_GBps = PAYLOAD_BYTES / demand / 1e9
     apply_GBps = STATE_BYTES * WORKLOAD.params / demand / 1e9
     sc = scenario(workers, steps, jitter="exponential", seed=7,

@@ -13,7 +13,10 @@ import pytest
 from perfmodel.errors import PerfmodelError
 from perfmodel.workload import WORKLOAD_DIR, load_workload, workload_paths
 
-SHIPPED = ["resnet50", "bert-large", "gpt2-xl", "mlp", "cnn-small", "transformer-small"]
+SHIPPED = ["resnet50", "bert-large", "gpt2-xl", "mlp", "cnn-small", "transformer-small",
+           # issue 12: the models of the published points (perfmodel/data/published)
+           "mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b",
+           "llama2-13b", "llama3-8b", "bert-large-s128", "bert-large-s512"]
 SMALL = ["mlp", "cnn-small", "transformer-small"]
 
 # Exact counts, from the architecture and from the reference implementations.

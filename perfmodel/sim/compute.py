@@ -1,7 +1,14 @@
 """Compute time of a worker's units, and the per-step noise that makes workers differ.
 
-Time of one unit pass = overhead + FLOPs / (peak x efficiency(FLOPs)), the roofline-style
-model of llm-analysis/Calculon with the efficiency curve stored in the cluster profile.
+Time of one unit pass, a roofline per op class (llm-analysis/Calculon style, efficiencies
+stored in the cluster profile):
+
+    overhead + kernels x launch                       (dispatch)
+    + matmul FLOPs / (peak[precision] x efficiency(FLOPs))   (matmul, conv, attention)
+    + other bytes / (HBM bandwidth x memory_efficiency)      (norms, activations, elementwise)
+
+Backward has backward_flops_ratio x the FLOPs, backward_bytes_ratio x the bytes and twice
+the kernels. The optimizer step is memory-bound traffic over its state (optimizer_GBps).
 """
 
 from __future__ import annotations
@@ -28,13 +35,19 @@ class UnitTimes:
         return float(self.forward_s.sum() + self.backward_s.sum() + self.optimizer_s)
 
 
-def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str) -> float:
-    """Seconds for one unit pass of `flops` FLOPs on one device."""
+def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str,
+                 moved_bytes: float = 0.0, kernels: float = 0.0) -> float:
+    """Seconds for one unit pass of `flops` matmul FLOPs, `moved_bytes` bytes of memory-bound
+    ops and `kernels` kernel launches on one device."""
+    c = cluster.compute
     peak = cluster.device.peak_TFLOPS.get(precision_key, cluster.device.peak_TFLOPS["fp32"])
-    overhead = cluster.compute.overhead_us_per_unit * 1e-6
-    if flops <= 0:
-        return overhead
-    return overhead + flops / (peak * 1e12 * cluster.compute.efficiency(flops))
+    seconds = (c.overhead_us_per_unit + kernels * c.launch_us_per_kernel) * 1e-6
+    if flops > 0:
+        seconds += flops / (peak * 1e12 * c.efficiency(flops))
+    if moved_bytes > 0 and c.memory_efficiency > 0:
+        seconds += moved_bytes / (cluster.device.memory_bandwidth_GBps * 1e9
+                                  * c.memory_efficiency)
+    return seconds
 
 
 def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
@@ -48,14 +61,18 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     flight and are stretched by the profile's calibrated `compute.overlap_slowdown`.
     """
     key = workload.precision_spec.compute_key
-    ratio = cluster.compute.backward_flops_ratio
+    ratio, bytes_ratio = cluster.compute.backward_flops_ratio, cluster.compute.backward_bytes_ratio
+    scale = workload.element_bytes / workload.activation_element_bytes
     stretch = {p: cluster.compute.overlap_slowdown if p in overlapped else 1.0
                for p in ("forward", "backward")}
     fwd = stretch["forward"] * np.array(
-        [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key)
+        [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key,
+                      scale * u.forward_bytes_per_sample * batch_size, u.forward_kernels)
          for u in workload.units])
     bwd = stretch["backward"] * np.array(
-        [pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key)
+        [pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key,
+                      bytes_ratio * scale * u.forward_bytes_per_sample * batch_size,
+                      2 * u.forward_kernels)
          for u in workload.units])
     return UnitTimes(fwd, bwd, optimizer_seconds(cluster, workload, optimizer_param_fraction))
 
