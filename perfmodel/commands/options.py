@@ -13,6 +13,7 @@ from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.scenario import JITTER_KINDS, MAX_JITTER_CV, Scenario
+from perfmodel.sim.scenario import parse_speeds as scenario_speeds
 from perfmodel.workload import load_workload
 
 
@@ -195,15 +196,7 @@ def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,
     if speed is not None and stragglers:
         raise PerfmodelError("give either --speed or --stragglers, not both")
     if speed is not None:
-        try:
-            values = tuple(float(s) for s in speed.split(","))
-        except ValueError:
-            raise PerfmodelError(f"--speed '{speed}' is not a comma-separated list of "
-                                 "numbers") from None
-        if len(values) != workers:
-            raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is "
-                                 f"{workers}")
-        return values
+        return scenario_speeds(speed, workers)
     if stragglers > workers:
         raise PerfmodelError(f"--stragglers {stragglers} exceeds --workers {workers}")
     if not stragglers:
