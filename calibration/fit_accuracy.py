@@ -56,6 +56,7 @@ from perfmodel.accuracy.model import (
     parse_accuracy_model,
 )
 from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import toml_value
 
 REPO = Path(__file__).resolve().parent.parent
 # The recorded harness runs the shipped model is fitted on; shipped beside it (the findings
@@ -453,13 +454,13 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
 
 
 def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float | np.floating | np.integer):
-        return repr(v.item() if isinstance(v, np.generic) else v) if np.isfinite(v) else "inf"
+    """perfmodel.tomlfile's one TOML writer, with numpy scalars as Python numbers (a value
+    that is not finite is refused, never written)."""
+    if isinstance(v, np.generic):
+        v = v.item()
     if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False)
+        v = [x.item() if isinstance(x, np.generic) else x for x in v]
+    return toml_value(v)
 
 
 def write_model(data: dict[str, Any], out: Path,
