@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -72,9 +73,14 @@ class Summary:
     steps_counted: int
 
 
+# each record's fields as a tuple, read in C (a 4096-worker run has 80,000 of each)
+_STEP_FIELDS = attrgetter("worker", "step", "start_s", "end_s", "compute_s", "comm_exposed_s",
+                          "wait_s")
+_UPDATE_FIELDS = attrgetter("worker", "step", "staleness")
+
+
 def summarise(result: SimResult, scenario: Scenario) -> Summary:
-    rec = np.array([(r.worker, r.step, r.start_s, r.end_s, r.compute_s, r.comm_exposed_s,
-                     r.wait_s) for r in result.steps], dtype=float).reshape(-1, 7)
+    rec = np.array(list(map(_STEP_FIELDS, result.steps)), dtype=float).reshape(-1, 7)
     worker, step, start, end, compute, comm, wait = rec.T
     warm = step >= scenario.warmup_steps
     if not warm.any():
@@ -92,8 +98,7 @@ def summarise(result: SimResult, scenario: Scenario) -> Summary:
         throughput = scenario.batch_size * int(in_window.sum()) / (t1 - t0)
     else:  # one counted step per worker: fall back to the mean step time
         throughput = scenario.batch_size * scenario.workers / float(durations.mean())
-    upd = np.array([(u.worker, u.step, u.staleness) for u in result.updates],
-                   dtype=float).reshape(-1, 3)
+    upd = np.array(list(map(_UPDATE_FIELDS, result.updates)), dtype=float).reshape(-1, 3)
     upd = upd[upd[:, 1] >= scenario.warmup_steps]
     stale, who = upd[:, 2], upd[:, 0].astype(int)
     counts = np.bincount(who, minlength=scenario.workers)
