@@ -53,6 +53,9 @@ class Workload:
     batch_size: int                 # default per-worker batch
     units: tuple[Unit, ...]
     path: Path
+    # the accuracy model that applies (perfmodel/accuracy/lookup.py): a model name or a path;
+    # "" = the one named like the workload, if any
+    accuracy_model: str = ""
 
     @property
     def precision_spec(self) -> Precision:
@@ -110,6 +113,7 @@ def parse_workload(data: dict, path: Path) -> Workload:
         batch_size=f.integer("batch_size", minimum=1),
         units=tuple(units),
         path=path,
+        accuracy_model=f.str("accuracy_model") if f.has("accuracy_model") else "",
     )
 
 
