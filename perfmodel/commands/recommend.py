@@ -34,9 +34,10 @@ def command(workers, memory_budget_GiB, target_accuracy, optimizer, lr, as_json,
     Simulates every strategy on the scenario (and, where workers differ in speed, DDP and
     FSDP without the slowest workers and sync-PS with backup workers that drop the slowest
     gradients each step), drops those that need more memory per device than the budget, and
-    ranks the rest. Where the workload has a fitted accuracy model (shipped: mlp; yours:
-    `perfmodel staleness fit`) by predicted time to the target accuracy: throughput times
-    what a (possibly stale) update is worth, with a range from the seed spread. Where it has
+    ranks the rest. Where the workload has a fitted accuracy model (shipped: mlp; yours: a
+    file its workload TOML names with accuracy_model) by predicted time to the target
+    accuracy: throughput times what a (possibly stale) update, or one batch of a large
+    synchronous step, is worth, with a range from the seed spread. Where it has
     none, by throughput, with each candidate's staleness and risk flag, and says so.
     Candidates the model cannot tell apart tie; a tie goes to the simpler strategy.
 
