@@ -61,6 +61,9 @@ class Workload:
     units: tuple[Unit, ...]
     path: Path
     activation_element_bytes: int = 2   # element size the bytes were counted at
+    # the accuracy model that applies (perfmodel/accuracy/lookup.py): a model name or a path;
+    # "" = the one named like the workload, if any
+    accuracy_model: str = ""
 
     def with_precision(self, precision: str) -> Workload:
         """This workload trained at another precision (perfmodel's --precision)."""
@@ -134,6 +137,7 @@ def parse_workload(data: dict, path: Path) -> Workload:
         path=path,
         activation_element_bytes=f.integer("activation_element_bytes",
                                            4 if precision == "fp32" else 2, minimum=1),
+        accuracy_model=f.str("accuracy_model") if f.has("accuracy_model") else "",
     )
 
 
