@@ -98,11 +98,13 @@ def command(strategies, workers, out, as_json, jobs, **kwargs):
     from perfmodel.sweep import load_pyplot, plot, run_sweep, write_csv, write_json
 
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-    with click.progressbar(length=len(names) * len(counts), label="predicting",
-                           file=click.get_text_stream("stderr")) as bar:
+    from perfmodel.commands.progress import RunsProgress
+
+    with RunsProgress(command="perfmodel sweep", label="predicting", bar=True, lines=False,
+                      total=len(names) * len(counts)) as bar:
         scenarios = [build_scenario(workers=n, **kwargs) for n in counts]
         # with a pool, this process imports matplotlib for the plot while the workers predict
-        rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1),
+        rows = run_sweep(scenarios, names, per_strategy, progress=bar.advance,
                          elastic=elastic, jobs=jobs, while_waiting=load_pyplot)
     base = scenarios[0]
     meta = {"cluster": base.cluster.name, "workload": base.workload.name,
