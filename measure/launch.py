@@ -277,8 +277,8 @@ def supervise(run_dir: Path, jobs: Sequence[Job], *, timeout_s: float | None = N
                                     f"{_signal_name(killed[0][1])}; every rank was stopped")
     else:
         status, reason = "failed", failure_reason(run_dir, jobs, codes)
-    if status == "failed" and disk_full(run_dir):
-        reason += f"; the disk of {run_dir.parent} is full"
+    if status == "failed" and disk_full(run_dir):     # the cause of whatever the ranks said
+        reason = f"the disk of {run_dir.parent} is full (what failed next: {reason})"
     result = LaunchResult(run_dir=run_dir, status=status, reason=reason, exit_codes=codes,
                           wall_s=time.monotonic() - t0, oversubscribed=oversubscribed,
                           interrupted=interrupted)
