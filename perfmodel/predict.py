@@ -24,6 +24,7 @@ from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
+from perfmodel.stats import quantile
 from perfmodel.uncertainty import PredictionInterval, prediction_interval
 
 
@@ -39,23 +40,8 @@ class Spread:
         if values.size == 0:
             return Spread(mean=0.0, p50=0.0, p95=0.0, max=0.0)
         ordered = np.sort(values)
-        return Spread(mean=float(values.mean()), p50=_quantile(ordered, 0.5),
-                      p95=_quantile(ordered, 0.95), max=float(ordered[-1]))
-
-
-def _quantile(ordered: np.ndarray, q: float) -> float:
-    """np.percentile(values, 100 q) of sorted float values, bit for bit (its default 'linear'
-    method, numpy's own arithmetic), without np.percentile: that goes through np.unique,
-    which imports numpy.ma (~10 % of a small prediction's import time)."""
-    n = ordered.size
-    virtual = (n - 1) * q
-    if virtual >= n - 1:
-        return float(ordered[-1])
-    below = int(virtual)            # floor: virtual >= 0
-    gamma = virtual - below
-    a, b = float(ordered[below]), float(ordered[below + 1])
-    diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        return Spread(mean=float(values.mean()), p50=quantile(ordered, 0.5),
+                      p95=quantile(ordered, 0.95), max=float(ordered[-1]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -40,6 +40,7 @@ from perfmodel.accuracy.model import (
     mean_worth,
 )
 from perfmodel.errors import PerfmodelError
+from perfmodel.stats import quantile
 
 NEAR_FRACTION = 0.8     # risk is "near" from this fraction of the instability threshold up
 
@@ -178,7 +179,8 @@ def staleness_risk(staleness: Sequence[int] | np.ndarray, workload: Any) -> Stal
     taus = check_staleness(staleness)
     return StalenessRisk(
         workload=workload.name, mean_staleness=float(taus.mean()),
-        p95_staleness=float(np.percentile(taus, 95)), max_staleness=float(taus.max()),
+        p95_staleness=quantile(np.sort(taus.astype(float)), 0.95),
+        max_staleness=float(taus.max()),
         divergence_risk="none" if taus.max() == 0 else "unknown", note=no_model_line(workload))
 
 
