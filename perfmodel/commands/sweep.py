@@ -10,7 +10,9 @@ import click
 
 from perfmodel import strategies as strategy_records
 from perfmodel.commands.options import (
+    ELASTIC_OPTION_NAMES,
     build_scenario,
+    check_elastic_options_fit,
     elastic_options,
     pop_elastic_options,
     pop_strategy_options,
@@ -72,6 +74,16 @@ def command(strategies, workers, out, as_json, jobs, **kwargs):
     if kwargs["stragglers"] > min(counts):
         raise PerfmodelError(f"--stragglers {kwargs['stragglers']} exceeds the smallest worker "
                              f"count {min(counts)}")
+    # an elasticity option must fit at least one strategy of the sweep (as strategy options)
+    given_elastic = {k: kwargs.get(k) for k in ELASTIC_OPTION_NAMES}
+    refusals = []
+    for s in names:
+        try:
+            check_elastic_options_fit(given_elastic, s)
+        except PerfmodelError as e:
+            refusals.append(str(e))
+    if len(refusals) == len(names):
+        raise PerfmodelError(f"it applies to none of {', '.join(names)}: {refusals[0]}")
     elastic = pop_elastic_options(kwargs, max(counts))
     if elastic is not None and elastic.events:
         from perfmodel.goodput import check_events
