@@ -48,6 +48,14 @@ class Unit:
     # (norms, activations, elementwise, softmax, embedding, loss), and kernels per pass.
     forward_bytes_per_sample: float = 0.0
     forward_kernels: int = 0
+    # Memory (measure/make_workloads.py): the unit's output (what checkpointing keeps of the
+    # next unit; an LM head's logits), and the saved and output bytes again under autocast
+    # with fp32 parameters, with the bf16 weight copies autocast makes in the unit. Read,
+    # not yet used by perfmodel/memory.py (branch gpu-memory-wip uses them).
+    output_bytes_per_sample: float = 0.0
+    autocast_activation_bytes_per_sample: float = 0.0
+    autocast_output_bytes_per_sample: float = 0.0
+    autocast_weight_cache_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,6 +133,11 @@ def parse_workload(data: dict, path: Path) -> Workload:
             activation_bytes_per_sample=u.number("activation_bytes_per_sample"),
             forward_bytes_per_sample=u.number("forward_bytes_per_sample", 0.0),
             forward_kernels=u.integer("forward_kernels", 0),
+            output_bytes_per_sample=u.number("output_bytes_per_sample", 0.0),
+            autocast_activation_bytes_per_sample=u.number(
+                "autocast_activation_bytes_per_sample", 0.0),
+            autocast_output_bytes_per_sample=u.number("autocast_output_bytes_per_sample", 0.0),
+            autocast_weight_cache_bytes=u.integer("autocast_weight_cache_bytes", 0),
         ))
     return Workload(
         name=f.str("name"),
