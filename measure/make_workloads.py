@@ -40,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from measure.models import MODELS, ModelSpec
 from perfmodel.errors import PerfmodelError
+from perfmodel.workload import MATMUL_OPS
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "perfmodel" / "data" / "workloads"
 
@@ -52,13 +53,6 @@ class UnitMeasure:
     activation_bytes_per_sample: float
     forward_bytes_per_sample: float
     forward_kernels: int
-
-
-# Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul",
-              "_scaled_dot_product_flash_attention_for_cpu",
-              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-              "_scaled_dot_product_cudnn_attention", "_convolution", "cudnn_convolution"}
 
 
 NO_KERNEL_OPS = {"_unsafe_view", "detach", "lift_fresh"}

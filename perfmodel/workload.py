@@ -19,6 +19,14 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import Fields, load_toml
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "data" / "workloads"
+# Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
+# One set for the workload files (measure/make_workloads.py) and profiler traces
+# (calibration/from_profiler.py).
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul",
+              "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_cudnn_attention", "_convolution", "cudnn_convolution"}
+
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 

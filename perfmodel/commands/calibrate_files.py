@@ -86,4 +86,60 @@ def check_sources(nccl: list[Path], profiler: list[Path], extra: tuple[Path, ...
 
 def from_profiler(cluster: str, traces: list[Path], base: str | None, workload: str | None,
                   batch_size: int | None, as_json: bool) -> None:
-    raise PerfmodelError("--from-profiler is not available yet")
+    from calibration.from_profiler import fit_traces
+    from calibration.profile_writer import write_profile
+    from perfmodel.cluster import load_cluster
+    from perfmodel.workload import load_workload
+
+    if workload is None:
+        raise PerfmodelError("--from-profiler needs --workload: the workload the traces ran "
+                             "(its units are the model's child modules)")
+    w = load_workload(workload)
+    batch = batch_size or w.batch_size
+    data, passes = fit_traces(traces, name=cluster, workload=w, batch=batch, base=base)
+    written = write_profile(data)
+    profile = load_cluster(str(written.path))
+    from calibration.from_profiler import reproduce
+
+    rows = reproduce(profile, w, batch, passes)
+    cal = data["calibration"]
+    out = {"cluster": cluster, "profile": str(written.path),
+           "backup": str(written.backup) if written.backup else None, "base": cal["base"],
+           "traces": data["provenance"]["traces"], "workload": w.name, "batch_size": batch,
+           "compute": {k: data["compute"][k] for k in (
+               "efficiency_by_flops", "launch_us_per_kernel", "memory_efficiency",
+               "overhead_us_per_unit")},
+           "residuals": cal["residuals"], "notes": cal.get("notes", []),
+           "unit_pass_reproduction": cal["unit_pass_reproduction"],
+           "rows": [{"unit": p.unit, "phase": p.phase, "measured_s": p.total_s,
+                     "matmul_s": p.matmul_s, "memory_s": p.memory_s, "model_s": m,
+                     "rel": m / p.total_s - 1 if p.total_s else None} for p, m in rows]}
+    click.echo(json.dumps(out, indent=2) if as_json else render_profiler(out))
+
+
+def render_profiler(out: dict[str, Any]) -> str:
+    rep, c = out["unit_pass_reproduction"], out["compute"]
+    lines = [f"fitted the compute of '{out['cluster']}' from {len(out['traces'])} profiler "
+             f"trace(s) of {out['workload']} at batch {out['batch_size']}: {out['profile']}",
+             f"  base '{out['base']}' (device peaks, links, memory)",
+             f"  launch_us_per_kernel {c['launch_us_per_kernel']:.3g}, memory_efficiency "
+             f"{c['memory_efficiency']:.3g}, efficiency_by_flops "
+             + ", ".join(f"{x:.3g}: {e:.3g}" for x, e in c["efficiency_by_flops"]),
+             "",
+             f"  {'unit':<16} {'pass':<9} {'traced':>10} {'matmul':>10} {'memory':>10} "
+             f"{'model':>10} {'error':>7}"]
+    for r in out["rows"]:
+        lines.append(f"  {r['unit']:<16} {r['phase']:<9} {_ms(r['measured_s']):>10} "
+                     f"{_ms(r['matmul_s']):>10} {_ms(r['memory_s']):>10} "
+                     f"{_ms(r['model_s']):>10} {r['rel']:>+7.0%}")
+    if rep.get("points"):
+        lines.append(f"  unit passes reproduced: rms {rep['rms_rel']:.0%}, max "
+                     f"{rep['max_rel']:.0%} over {rep['points']} (medians over the steps)")
+    lines += [f"  note: {n}" for n in out["notes"]]
+    lines += ["", f"  use it: perfmodel predict --cluster {out['cluster']} --workload "
+                  f"{out['workload']} --strategy ddp --workers 2"]
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
