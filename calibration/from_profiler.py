@@ -164,7 +164,8 @@ def attribute(data: dict[str, Any], path: Path, units: Sequence[str]) -> Trace:
         for k in kernels:
             op = by_id.get(k.get("args", {}).get("External id"))
             if op is not None and id(op) in where:
-                totals[where[id(op)]][op_class(op["name"])] += k.get("dur", 0.0) * 1e-6
+                name = op["name"].removeprefix(BACKWARD)
+                totals[where[id(op)]][op_class(name)] += k.get("dur", 0.0) * 1e-6
     else:
         counted = [*(op for span, _, _ in spans
                      for op in _outermost([o for o in ops if _inside(o, span)])), *nodes]

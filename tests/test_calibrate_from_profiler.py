@@ -116,3 +116,24 @@ def test_bad_traces_are_one_line_and_exit_2(profiles, args, says):
     result = CliRunner().invoke(cli, ["calibrate", "--cluster", "x", *args])
     assert result.exit_code == 2 and says in result.output, result.output
     assert result.output.strip().count("\n") == 0
+
+
+def test_on_a_gpu_kernel_time_is_charged_to_the_op_that_launched_it():
+    w = load_workload("mlp")
+    units = [u.name for u in w.units]
+    cpu = synthetic_trace(w, 64, launch_us=20.0, rate=1e11, memory_GBps=5.0)
+    gpu = {"deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}], "traceEvents": []}
+    for i, e in enumerate(cpu["traceEvents"]):
+        if e["cat"] == "cpu_op":
+            e = {**e, "args": {**e["args"], "External id": i}}
+            gpu["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "tid": 7,
+                                       "ts": e["ts"], "dur": e["dur"],
+                                       "args": {"External id": i}})
+        gpu["traceEvents"].append(e)
+    expected = attribute(cpu, Path("cpu.json"), units)
+    got = attribute(gpu, Path("gpu.json"), units)
+    assert got.device == "NVIDIA H100 80GB HBM3"
+    assert [(p.unit, p.phase, p.step) for p in got.passes] == \
+        [(p.unit, p.phase, p.step) for p in expected.passes]
+    for a, b in zip(got.passes, expected.passes, strict=True):
+        assert a.matmul_s == pytest.approx(b.matmul_s) and a.memory_s == pytest.approx(b.memory_s)
