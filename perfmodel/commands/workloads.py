@@ -134,8 +134,12 @@ def add(name, target, config, input_shape, seq_len, precision, optimizer, batch_
     click.echo(f"wrote workload '{w.name}': {path}\n"
                f"  {w.description}\n"
                f"  {w.params:,} params in {len(w.units)} units; "
-               f"{out['forward_GFLOP_per_sample']:,.4g} GFLOP forward and "
-               f"{out['activation_MiB_per_sample']:,.4g} MiB saved activations per sample; "
+               f"{_num(out['forward_GFLOP_per_sample'])} GFLOP forward and "
+               f"{_num(out['activation_MiB_per_sample'])} MiB saved activations per sample; "
                f"{w.precision}, {w.optimizer}, batch {w.batch_size}\n"
                f"  use it: perfmodel predict --workload {w.name} --cluster a100 "
-               f"--strategy ddp --workers 8")
+               f"--strategy {'fsdp' if w.params > 1e9 else 'ddp'} --workers 8")
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
