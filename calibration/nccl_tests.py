@@ -15,6 +15,10 @@ hosts among them, and per row the out-of-place time. A row whose `#wrong` is not
 file name or a command line in the log (`all_reduce_perf ...`); failing that it is inferred
 from busbw/algbw (2(n−1)/n all-reduce, (n−1)/n reduce-scatter or all-gather, told apart by the
 reduction column, 1 broadcast).
+
+`perfmodel measure collectives` prints the same layout with several collectives in one output,
+each under a `# all-reduce` (etc.) heading after the shared Rank lines; `read_logs` splits
+such a file into one log per collective.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ BINARIES = {"all_reduce_perf": "all-reduce", "all_gather_perf": "all-gather",
 _PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
 _ROW = re.compile(r"^\s*\d+\s+\d+\s+\S")
+_SECTION = re.compile(r"^#\s*(" + "|".join(BINARIES.values()) + r")\s*$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +60,31 @@ def read_log(path: Path) -> NcclTestsLog:
     return parse_log(text, Path(path))
 
 
-def parse_log(text: str, path: Path) -> NcclTestsLog:
+def read_logs(path: Path) -> tuple[NcclTestsLog, ...]:
+    """Every collective of one file: one log, or one per `# <op>` section."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise PerfmodelError(f"{path}: cannot read: {e.strerror}") from None
+    return parse_logs(text, Path(path))
+
+
+def parse_logs(text: str, path: Path) -> tuple[NcclTestsLog, ...]:
+    lines = [_PREFIX.sub("", line) for line in text.splitlines()]
+    starts = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _SECTION.match(line))]
+    if not starts:
+        return (parse_log(text, path),)
+    logs = []
+    ends = [i for i, _ in starts[1:]] + [len(lines)]
+    for (start, op), end in zip(starts, ends, strict=True):
+        # other sections' lines become blank, so error messages keep the file's line numbers
+        kept = [line if i < starts[0][0] or start <= i < end else ""
+                for i, line in enumerate(lines)]
+        logs.append(parse_log("\n".join(kept), path, op=op))
+    return tuple(logs)
+
+
+def parse_log(text: str, path: Path, op: str | None = None) -> NcclTestsLog:
     lines = [_PREFIX.sub("", line.rstrip("\n")) for line in text.splitlines()]
     hosts: dict[int, str] = {}
     devices: set[str] = set()
@@ -83,7 +112,7 @@ def parse_log(text: str, path: Path) -> NcclTestsLog:
         raise PerfmodelError(f"{path}: no result rows under a 'size count type ... time' "
                              "header")
     ranks, nodes = len(hosts), len(set(hosts.values()))
-    op = _op(text, path, rows, ranks)
+    op = op or _op(text, path, rows, ranks)
     samples = tuple(_sample(path, number, row, op, ranks, nodes) for number, row in rows)
     return NcclTestsLog(path=path, op=op, ranks=ranks, nodes=nodes,
                         device=", ".join(sorted(d for d in devices if d)), samples=samples)

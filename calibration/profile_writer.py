@@ -204,7 +204,7 @@ def _link(fit: LinkFit | None, base: Link) -> dict[str, Any]:
 # --- atomic write -------------------------------------------------------------------------
 
 def write_profile(data: dict[str, Any], folder: Path | None = None, *,
-                  now: dt.datetime | None = None) -> WriteResult:
+                  now: dt.datetime | None = None, header: str | None = None) -> WriteResult:
     """Write `data` to <folder>/<name>.toml atomically, backing up a profile already there.
 
     `folder` defaults to the user profile folder ($PERFMODEL_PROFILES). The text is checked
@@ -217,8 +217,9 @@ def write_profile(data: dict[str, Any], folder: Path | None = None, *,
     folder = Path(folder) if folder is not None else user_profile_dir()
     target = folder / f"{name}.toml"
     stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
-    text = to_toml(data, header=f"Measured profile written by perfmodel calibrate ({stamp}).\n"
-                                "Delete this file to fall back to the shipped profile.")
+    header = header or (f"Measured profile written by perfmodel calibrate ({stamp}).\n"
+                        "Delete this file to fall back to the shipped profile.")
+    text = to_toml(data, header=header)
     parsed = tomllib.loads(text)
     parse_profile(parsed, target)
     if parsed != _as_lists(data):

@@ -39,6 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from measure.models import MODELS, ModelSpec
+from perfmodel.errors import PerfmodelError
+from perfmodel.workload import MATMUL_OPS
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "perfmodel" / "data" / "workloads"
 
@@ -55,13 +57,6 @@ class UnitMeasure:
     autocast_activation_bytes_per_sample: float = 0.0
     autocast_output_bytes_per_sample: float = 0.0
     autocast_weight_cache_bytes: int = 0
-
-
-# Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul",
-              "_scaled_dot_product_flash_attention_for_cpu",
-              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-              "_scaled_dot_product_cudnn_attention", "_convolution", "cudnn_convolution"}
 
 
 NO_KERNEL_OPS = {"_unsafe_view", "detach", "lift_fresh"}
@@ -240,8 +235,10 @@ def _string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
-    command = f"python -m measure.make_workloads {spec.name}"
+def render_workload(spec: ModelSpec, units: list[UnitMeasure], command: str | None = None
+                    ) -> str:
+    """The workload TOML of `spec`; `command` is what regenerates it (`generated_by`)."""
+    command = command or f"python -m measure.make_workloads {spec.name}"
     lines = [
         "# GENERATED FILE: do not edit by hand. Regenerate with:",
         f"#   {command}",
@@ -284,6 +281,16 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workload_text(spec: ModelSpec, command: str | None = None) -> str:
+    """Measure `spec` on fake tensors and render its workload TOML: the one path shipped and
+    user workloads (`perfmodel workloads add`) take."""
+    try:
+        units = measure_units(spec)
+    except ValueError as e:
+        raise PerfmodelError(str(e)) from None
+    return render_workload(spec, units, command)
+
+
 def write_workloads(names: list[str], out_dir: Path) -> list[Path]:
     """Measure and write `<name>.toml` for each model in `names` into `out_dir`."""
     unknown = [n for n in names if n not in MODELS]
@@ -295,7 +302,7 @@ def write_workloads(names: list[str], out_dir: Path) -> list[Path]:
     for name in names:
         spec = MODELS[name]
         path = out_dir / f"{name}.toml"
-        path.write_text(render_workload(spec, measure_units(spec)), encoding="utf-8")
+        path.write_text(workload_text(spec), encoding="utf-8")
         paths.append(path)
     return paths
 
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         paths = write_workloads(args.names or list(MODELS), args.out)
-    except ValueError as e:
+    except (ValueError, PerfmodelError) as e:
         parser.error(str(e))
     for path in paths:
         print(path)

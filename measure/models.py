@@ -171,12 +171,12 @@ class EncoderLayer(nn.Module):
 class DecoderBlock(nn.Module):
     """GPT-2 block: pre-LayerNorm, x = x + attn(LN(x)); x = x + mlp(LN(x)); causal."""
 
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, hidden: int | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(d)
         self.attn = SelfAttention(d, heads, causal=True)
         self.ln2 = nn.LayerNorm(d)
-        self.mlp = FeedForward(d, 4 * d, approximate="tanh")
+        self.mlp = FeedForward(d, hidden or 4 * d, approximate="tanh")
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
@@ -233,20 +233,21 @@ class LMHead(nn.Module):
         return F.linear(x, self._tied[0].tokens.weight)
 
 
-def build_bert(layers: int, d: int, heads: int, vocab: int, seq: int) -> nn.Sequential:
+def build_bert(layers: int, d: int, heads: int, vocab: int, seq: int,
+               hidden: int | None = None) -> nn.Sequential:
     units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(vocab, seq, d, bert=True)}
     for i in range(layers):
-        units[f"layer{i}"] = EncoderLayer(d, heads, 4 * d)
+        units[f"layer{i}"] = EncoderLayer(d, heads, hidden or 4 * d)
     units["head"] = ClassifierHead(d, classes=2)
     return nn.Sequential(OrderedDict(units))
 
 
-def build_gpt(layers: int, d: int, heads: int, vocab: int, seq: int, tied: bool
-              ) -> nn.Sequential:
+def build_gpt(layers: int, d: int, heads: int, vocab: int, seq: int, tied: bool,
+              hidden: int | None = None) -> nn.Sequential:
     embeddings = TokenEmbeddings(vocab, seq, d)
     units: dict[str, nn.Module] = {"embeddings": embeddings}
     for i in range(layers):
-        units[f"block{i}"] = DecoderBlock(d, heads)
+        units[f"block{i}"] = DecoderBlock(d, heads, hidden)
     units["head"] = LMHead(d, vocab, tied_to=embeddings if tied else None)
     return nn.Sequential(OrderedDict(units))
 

@@ -65,6 +65,9 @@ def summarize(run) -> dict[str, Any]:
         out["collectives"] = [{k: c[k] for k in ("op", "bytes", "count", "dtype", "time_s",
                                                  "algbw_GBps", "busbw_GBps", "busbw_factor")}
                               for c in run.table("collectives")]
+        out["ranks"] = [{"rank": r["rank"], "host": r.get("host") or row.host or "localhost",
+                         "device": r.get("device") or row.device or "cpu"}
+                        for r in sorted(run.table("ranks"), key=lambda r: r["rank"])]
     if run.table("compute"):
         out["compute"] = [{k: c.get(k) for k in ("unit", "batch_size", "pass", "median_s",
                                                  "iqr_s", "repeats")}
@@ -101,15 +104,21 @@ def render(s: dict[str, Any]) -> str:
     if s.get("accuracy") is not None:
         lines.append(f"  accuracy         {s['accuracy']:.4f} (held-out)")
     if "collectives" in s:
-        lines.append(render_collectives(s["collectives"]))
+        lines.append(render_collectives(s["collectives"], s.get("ranks", ()),
+                                        s["backend"]))
     if "compute" in s:
         lines.append(render_compute(s["compute"]))
     return "\n".join(lines)
 
 
-def render_collectives(rows: list[dict]) -> str:
-    """nccl-tests' columns: size count type redop time algbw busbw."""
-    out = []
+def render_collectives(rows: list[dict], ranks=(), backend: str | None = None) -> str:
+    """nccl-tests' layout: a '#  Rank N Group 0 Pid P on HOST device D' line per rank, then
+    per collective a '# <op>' heading and the columns size count type redop time algbw busbw,
+    so calibration/nccl_tests.py reads the output back (`perfmodel calibrate
+    --from-nccl-tests`)."""
+    out = ["#", "# Using devices"] if ranks else []
+    out += [f"#  Rank {r['rank']:>2} Group  0 Pid {0:>6} on {r['host']:>10} device "
+            f"{r['rank']:>2} [0x00] {r['device']} ({backend or '?'})" for r in ranks]
     for op in dict.fromkeys(r["op"] for r in rows):
         out += [f"# {op}",
                 f"#{'size':>12} {'count':>12} {'type':>7} {'redop':>6} {'time':>10} "

@@ -7,13 +7,34 @@ by `python -m measure.make_workloads` (FLOP counter on meta tensors); add your o
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from perfmodel.cluster import data_home
 from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import Fields, load_toml
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "data" / "workloads"
+# Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
+# One set for the workload files (measure/make_workloads.py) and profiler traces
+# (calibration/from_profiler.py).
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul",
+              "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_cudnn_attention", "_convolution", "cudnn_convolution"}
+
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def user_workload_dir() -> Path:
+    """Where `perfmodel workloads add` writes: $PERFMODEL_WORKLOADS, else
+    <data home>/workloads beside the measured profiles."""
+    env = os.environ.get("PERFMODEL_WORKLOADS")
+    return Path(env) if env else data_home() / "workloads"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,11 +176,41 @@ def parse_workload(data: dict, path: Path) -> Workload:
 
 
 def workload_paths() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(WORKLOAD_DIR.glob("*.toml"))}
+    """Every workload by name; the user's (`perfmodel workloads add`) shadow shipped ones."""
+    found = {p.stem: p for p in sorted(WORKLOAD_DIR.glob("*.toml"))}
+    user = user_workload_dir()
+    if user.is_dir():
+        found.update({p.stem: p for p in sorted(user.glob("*.toml"))})
+    return found
+
+
+def write_user_workload(name: str, text: str, *, force: bool = False) -> Path:
+    """Check `text` parses as a workload named `name`, then write it atomically to the user
+    workload folder; an existing workload of that name is refused unless `force`."""
+    if not NAME.fullmatch(name):
+        raise PerfmodelError(f"workload name '{name}' must be letters, digits, '_', '-' or '.' "
+                             f"(it becomes the file name)")
+    folder = user_workload_dir()
+    target = folder / f"{name}.toml"
+    existing = workload_paths().get(name)
+    if existing is not None and not force:
+        raise PerfmodelError(f"a workload '{name}' exists ({existing}); choose another name or "
+                             f"pass --force to write over (or shadow) it")
+    parse_workload(tomllib.loads(text), target)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise PerfmodelError(f"cannot write {target}: {e.strerror or e}") from None
+    return target
 
 
 def load_workload(name_or_path: str) -> Workload:
-    """A shipped workload by name, or any workload file by path."""
+    """A workload by name (the user's shadow shipped ones), or any workload file by path."""
     paths = workload_paths()
     if name_or_path in paths:
         path = paths[name_or_path]

@@ -45,9 +45,27 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
 @click.option("--rdzv-id", default=None, help="torchrun: job id shared by all nodes.")
 @click.option("--nproc-per-node", type=click.IntRange(1), default=None,
               help="Ranks per node for collectives and DDP [2 on CPU, every GPU].")
+@click.option("--from-nccl-tests", "nccl_logs", multiple=True, metavar="LOG...",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Fit the links from nccl-tests logs (all_reduce_perf, all_gather_perf, "
+                   "reduce_scatter_perf; or `perfmodel measure collectives` output) instead "
+                   "of measuring; no torch needed.")
+@click.option("--from-profiler", "traces", multiple=True, metavar="TRACE...",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Fit the compute parameters from PyTorch profiler traces (Chrome/Kineto "
+                   "JSON) of a few training steps of --workload.")
+@click.option("--workload", default=None,
+              help="With --from-profiler: the workload the traces ran (name or .toml).")
+@click.option("--batch-size", type=click.IntRange(1), default=None,
+              help="With --from-profiler: batch per step in the traces [the workload's].")
+@click.option("--base", default=None,
+              help="With --from-*: the profile the unmeasured fields come from [--cluster if "
+                   "it is a profile, else the logs' GPU].")
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
-            rdzv_endpoint, rdzv_id, nproc_per_node, as_json):
+            rdzv_endpoint, rdzv_id, nproc_per_node, nccl_logs, traces, workload, batch_size,
+            base, files, as_json):
     """Measure this machine or cluster and write a calibrated profile.
 
     Runs the suite of real measurements the model needs (collective sweeps, per-unit compute
@@ -66,7 +84,23 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
       perfmodel calibrate --cluster local --quick --json
       perfmodel calibrate --cluster mybox --workloads mlp,cnn-small --fresh
       perfmodel calibrate --cluster a10g --nnodes 4 --node-rank 0 --rdzv-endpoint head:29500
+      perfmodel calibrate --cluster mynodes --from-nccl-tests all_reduce_perf_*.log
+      perfmodel calibrate --cluster mynodes --base h100 --from-nccl-tests ar_1x8.log ar_4x8.log
+      perfmodel calibrate --cluster mygpu --base a100 --workload mlp --from-profiler trace.json
     """
+    from perfmodel.commands import calibrate_files
+
+    calibrate_files.check_sources(list(nccl_logs), list(traces), files)
+    if nccl_logs or traces:
+        if not PROFILE_NAME.fullmatch(cluster):
+            raise PerfmodelError(f"--cluster '{cluster}': a profile name is letters, digits, "
+                                 f"'_', '-' or '.' (it becomes the file name)")
+        if nccl_logs:
+            calibrate_files.from_nccl_tests(cluster, [*nccl_logs, *files], base, as_json)
+            return
+        calibrate_files.from_profiler(cluster, [*traces, *files], base, workload, batch_size,
+                                      as_json)
+        return
     from calibration import driver
     from calibration.hardware import choose_base, detect, torch_version
     from calibration.suite import build_suite
