@@ -281,7 +281,7 @@ def budget(run: dict[str, Any]) -> int:
 
 def curve_points(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(updates, accuracy) at every evaluation to the budget, a diverged run's tail at chance."""
-    u = np.arange(0, budget(run) + 1, EVAL_EVERY)
+    u = np.arange(0, budget(run) + 1, run.get("eval_every", EVAL_EVERY))
     return u, np.array([observed(run, int(x)) for x in u])
 
 
@@ -309,7 +309,8 @@ def fit_curve(sync: list[dict[str, Any]]) -> LearningCurve:
 
 def seed_spread(sync: list[dict[str, Any]]) -> float:
     """SD of synchronous accuracy between seeds, pooled over the second half of the budget."""
-    u = np.arange(budget(sync[0]) // 2, budget(sync[0]) + 1, EVAL_EVERY)
+    u = np.arange(budget(sync[0]) // 2, budget(sync[0]) + 1,
+                  sync[0].get("eval_every", EVAL_EVERY))
     acc = np.array([[observed(r, int(x)) for x in u] for r in sync])
     return float(np.sqrt(np.mean(acc.var(axis=0, ddof=1))))
 

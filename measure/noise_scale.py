@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from measure.staleness_harness import HarnessConfig, _build
-from measure.training import DataSource, make_optimizer
+from measure.staleness_harness import HarnessConfig, Task, _Pieces
 
 MEASURE_STREAM = 2          # data stream of the measuring batches (training uses 0)
 MICRO_BATCHES = 16          # k
@@ -36,14 +35,15 @@ class NoisePoint:
     grad_sq: float              # |G|² estimate (may come out ≤ 0 near a minimum)
 
 
-def _gradient(model, spec, x, y) -> torch.Tensor:
+def _gradient(model, loss, x, y) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
-    spec.loss(model(x), y).backward()
+    loss(model(x), y).backward()
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-def measure_point(model, spec, data: DataSource, updates: int) -> NoisePoint:
-    grads = torch.stack([_gradient(model, spec, *data.next_batch())
+def measure_point(model, loss, data, updates: int) -> NoisePoint:
+    """One point: `loss(outputs, targets)` on MICRO_BATCHES batches of `data`."""
+    grads = torch.stack([_gradient(model, loss, *data.next_batch())
                          for _ in range(MICRO_BATCHES)])
     mean = grads.mean(dim=0)
     trace = MICRO_BATCH_SIZE * float(((grads - mean) ** 2).sum()) / (MICRO_BATCHES - 1)
@@ -51,22 +51,26 @@ def measure_point(model, spec, data: DataSource, updates: int) -> NoisePoint:
     return NoisePoint(updates=updates, trace_sigma=trace, grad_sq=grad_sq)
 
 
-def noise_scale_run(config: HarnessConfig, every: int) -> list[NoisePoint]:
-    """Plain synchronous SGD for config.updates updates, measuring every `every` updates
-    (from `every` on: the initial weights' gradient is not training's)."""
-    spec = config.spec
-    model = _build(spec, config.seed)
-    optimizer = make_optimizer(spec, model.parameters())
-    data = DataSource(spec, config.batch_size, config.seed, 0, "cpu")
-    probe = DataSource(spec, MICRO_BATCH_SIZE, config.seed, MEASURE_STREAM, "cpu")
+def noise_scale_run(config: HarnessConfig, every: int,
+                    task: Task | None = None) -> list[NoisePoint]:
+    """Plain synchronous SGD for config.updates updates (the mlp workload, or `task`), with
+    the config's warm-up, measuring every `every` updates (from `every` on: the initial
+    weights' gradient is not training's)."""
+    pieces = _Pieces(config, task)
+    model = pieces.build()
+    optimizer = pieces.optimizer(model.parameters())
+    data = pieces.data()
+    probe = pieces.data(MEASURE_STREAM, MICRO_BATCH_SIZE)
     points = []
     for done in range(1, config.updates + 1):
         x, y = data.next_batch()
+        for group in optimizer.param_groups:
+            group["lr"] = config.scheduled_lr(done - 1)
         optimizer.zero_grad(set_to_none=True)
-        spec.loss(model(x), y).backward()
+        pieces.loss(model(x), y).backward()
         optimizer.step()
         if done % every == 0:
-            points.append(measure_point(model, spec, probe, done))
+            points.append(measure_point(model, pieces.loss, probe, done))
             optimizer.zero_grad(set_to_none=True)
     return points
 

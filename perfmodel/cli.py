@@ -23,6 +23,7 @@ COMMANDS = {
     "recommend": "Rank DDP, FSDP and the PS modes by predicted time to accuracy, and say why.",
     "calibrate": "Measure this machine or cluster and write a calibrated profile (needs torch).",
     "findings": "Reproduce the study's findings: report.md, figures and findings.csv.",
+    "staleness": "Fit the accuracy cost of staleness on your own model (needs torch).",
 }
 
 

@@ -50,6 +50,6 @@ def test_estimator_recovers_a_known_noise_scale():
             return sigma * torch.randn(MICRO_BATCH_SIZE, d, generator=self.g), None
 
     model, data = Shift(), Data()
-    points = [measure_point(model, Spec, data, i) for i in range(60)]
+    points = [measure_point(model, Spec.loss, data, i) for i in range(60)]
     expected = d * sigma**2 / (d * offset**2)        # tr(Σ)/|G|²
     assert noise_scale(points) == pytest.approx(expected, rel=ESTIMATOR_TOLERANCE)

@@ -149,6 +149,6 @@ def test_bad_profiles_are_refused(profile):
 
 def test_bad_config_is_refused():
     with pytest.raises(PerfmodelError, match="optimizer"):
-        HarnessConfig(optimizer="adam")
+        HarnessConfig(optimizer="lbfgs")
     with pytest.raises(PerfmodelError, match="mitigation"):
         HarnessConfig(mitigation="magic")

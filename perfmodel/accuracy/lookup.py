@@ -67,6 +67,12 @@ def no_model_line(workload: Workload) -> str:
 
 
 def fitted_names() -> list[str]:
+    """The workloads a model applies to by name. The held-out classes' models
+    (cnn-digits, logreg-tabular, ...: calibration/fit_accuracy_classes.py) are no workload's
+    and apply only where a workload names them in `accuracy_model`."""
+    from perfmodel.workload import workload_paths
+
+    known = set(workload_paths())
     names = {p.stem for folder in (user_accuracy_dir(), ACCURACY_DIR)
              for p in folder.glob("*.toml")}
-    return sorted(names)
+    return sorted(names & known)

@@ -44,7 +44,9 @@ from perfmodel.tomlfile import Fields, load_toml
 
 ACCURACY_DIR = Path(__file__).resolve().parent.parent / "data" / "accuracy"
 MITIGATIONS = ("none", "staleness-aware", "dc")
-OPTIMIZER_MOMENTUM = {"sgd": 0.0, "momentum": 0.9}   # measure/models.py make_optimizer
+# measure/models.py make_optimizer; Adam's first-moment β1 = 0.9 stands in for momentum in the
+# instability index (a constant factor: the threshold is fitted per setting)
+OPTIMIZER_MOMENTUM = {"sgd": 0.0, "momentum": 0.9, "adam": 0.9}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

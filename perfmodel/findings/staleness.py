@@ -115,3 +115,46 @@ def mitigations(cluster: str = MITIGATION_CLUSTER,
 def _time(c: StalenessCost) -> str:
     t = c.time_to_target_s
     return "never" if t is None or not math.isfinite(t) else f"{t:.2f} s"
+
+
+# ---------------------------------------------------------------- issue 16: per class
+
+CLASS_RUNS = ("cnn-digits", "logreg-tabular", "transformer-seq")
+STUDY_RANGE_POINTS = (4.0, 17.0)        # the study's async-PS accuracy cost
+
+
+def class_penalties(names: tuple[str, ...] = CLASS_RUNS) -> list[dict]:
+    """The accuracy penalty as a practitioner reads it at the same number of epochs: per
+    class, profile and mitigation, synchronous mean accuracy minus the mean over the seeds at
+    the class's budget (the same updates, so the same samples seen), in points, from the
+    recorded runs (perfmodel/data/accuracy/<class>_runs.json); and whether it falls in the
+    study's 4-17 % range. Classes not yet run are skipped."""
+    import json
+
+    from perfmodel.accuracy.model import ACCURACY_DIR
+
+    rows = []
+    for name in names:
+        path = ACCURACY_DIR / f"{name}_runs.json"
+        if not path.is_file():
+            continue
+        runs = json.loads(path.read_text())["runs"]
+
+        def at_budget(r):
+            ev = np.asarray(r["eval_updates"])
+            i = int(np.searchsorted(ev, r["updates"], side="right")) - 1
+            return float(r["accuracy"][max(i, 0)])
+
+        sync = float(np.mean([at_budget(r) for r in runs if r["profile"] == "sync"]))
+        groups: dict[tuple[str, str], list[float]] = {}
+        for r in runs:
+            if r["profile"] != "sync":
+                groups.setdefault((r["profile"], r["mitigation"]), []).append(at_budget(r))
+        for (profile, mitigation), accs in sorted(groups.items()):
+            penalty = 100.0 * (sync - float(np.mean(accs)))
+            rows.append({"class": name, "profile": profile, "mitigation": mitigation,
+                         "seeds": len(accs), "sync_accuracy": sync,
+                         "penalty_points_same_epochs": penalty,
+                         "in_study_range": STUDY_RANGE_POINTS[0] <= penalty
+                         <= STUDY_RANGE_POINTS[1]})
+    return rows
