@@ -118,12 +118,22 @@ def measured_text(measured: MeasuredPs | None) -> str:
     if not found:
         return no_runs_note("async mlp parameter-server")
     inside = sum(f.agrees for f in found)
-    near = [f for f in found if not f.agrees and f.divergence_risk == "near"]
-    marginal = (f" The disagreeing run{'s' if len(near) > 1 else ''} "
-                f"({', '.join(str(f.run_id) for f in near)}) sat at \"near\" risk, just under "
-                "the instability threshold, where the stable/unstable split is least reliable:"
-                " it did not oscillate, but learned far more slowly than a stable run."
-                if near else "")
+    missed = [f for f in found if not f.agrees]
+    kinds = []
+    stable_unseen = [f for f in missed
+                     if f.divergence_risk == "unstable" and not f.observed_unstable]
+    if stable_unseen:
+        kinds.append(f"run{'s' if len(stable_unseen) > 1 else ''} "
+                     f"{', '.join(str(f.run_id) for f in stable_unseen)} predicted unstable "
+                     "but showing none of the harness's instability signs")
+    rest = [f for f in missed if f not in stable_unseen]
+    if rest:
+        kinds.append(f"run{'s' if len(rest) > 1 else ''} "
+                     f"{', '.join(str(f.run_id) for f in rest)} outside the predicted band or "
+                     "stability")
+    marginal = (f" Missed: {'; '.join(kinds)}. Why is not known: the model's stability "
+                "threshold and band were fitted on the harness, not on real parameter-server "
+                "runs." if kinds else "")
     return (f"Real runs (`perfmodel measure ps --workload mlp`, async and ssp, gloo on this "
             f"2-core machine, one thread per rank, momentum at the workload's lr 0.05 or, where "
             f"the row says, at lr 0.01 (`--lr`)), each "
