@@ -51,6 +51,10 @@ class UnitMeasure:
     activation_bytes_per_sample: float
     forward_bytes_per_sample: float
     forward_kernels: int
+    output_bytes_per_sample: float = 0.0
+    autocast_activation_bytes_per_sample: float = 0.0
+    autocast_output_bytes_per_sample: float = 0.0
+    autocast_weight_cache_bytes: int = 0
 
 
 # Op class "matmul" (compute-bound, charged by FLOPs); every other non-view op is memory-bound.
@@ -105,6 +109,26 @@ class OpClassCounter(TorchDispatchMode):
         return out
 
 
+class WeightCasts(TorchDispatchMode):
+    """Storages made by casting a parameter (autocast's bf16 weight copies): counted as the
+    autocast weight cache (2 bytes a parameter), not as activations."""
+
+    def __init__(self, param_keys: set[int]):
+        super().__init__()
+        self.param_keys, self.keys = param_keys, set()
+        self.bytes: dict[str, int] = {}       # unit -> bytes of the casts made in it
+        self.unit = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func._schema.name == "aten::_to_copy" and isinstance(args[0], torch.Tensor)
+                and _storage_key(args[0]) in self.param_keys
+                and _storage_key(out) not in self.keys):
+            self.keys.add(_storage_key(out))
+            self.bytes[self.unit] = self.bytes.get(self.unit, 0) + _nbytes(out)
+        return out
+
+
 def _cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
                                **kwargs) -> int:
     """Same formula FlopCounterMode uses for the GPU flash/efficient attention kernels; torch
@@ -134,10 +158,30 @@ def _materialise_fake(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMeasure]:
-    """Params, forward FLOPs and saved-activation bytes per sample of each unit of `spec`."""
+    """Params, forward FLOPs, saved-activation and output bytes per sample of each unit of
+    `spec`: once at the spec's precision (bf16 parameters and inputs for bf16-mixed, as
+    FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) computes) and once more under
+    `torch.autocast(bfloat16)` with fp32 parameters (the DDP recipe: fp32 residual stream,
+    fp32 LayerNorm, bf16 matmul outputs)."""
     batch = batch_size or spec.batch_size
-    inputs, targets = spec.example_batch(batch, torch.Generator().manual_seed(0))
     dtype = torch.bfloat16 if spec.precision == "bf16-mixed" else torch.float32
+    params, flops, moved, saved, out, _ = _pass(spec, batch, dtype, autocast=False)
+    _, _, _, ac_saved, ac_out, ac_cache = _pass(spec, batch, torch.float32, autocast=True)
+    return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
+                        activation_bytes_per_sample=saved[name] / batch,
+                        forward_bytes_per_sample=moved[name].bytes / batch,
+                        forward_kernels=moved[name].kernels,
+                        output_bytes_per_sample=out[name] / batch,
+                        autocast_activation_bytes_per_sample=ac_saved[name] / batch,
+                        autocast_output_bytes_per_sample=ac_out[name] / batch,
+                        autocast_weight_cache_bytes=ac_cache[name])
+            for name, n in params.items()]
+
+
+def _pass(spec: ModelSpec, batch: int, dtype: torch.dtype, autocast: bool):
+    """One forward (and the loss) under fake tensors: per unit its params, FLOPs, op-class
+    counter, saved bytes and output bytes."""
+    inputs, targets = spec.example_batch(batch, torch.Generator().manual_seed(0))
     saved_by: dict[int, str] = {}          # storage -> first unit that saved it
     saved_bytes: dict[str, int] = {}
     keep_alive: list[torch.Tensor] = []    # storages must outlive the pass for unique keys
@@ -145,7 +189,7 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
-        if key not in saved_by:
+        if key not in saved_by and key not in casts.keys:
             saved_by[key] = current[0]
             saved_bytes[current[0]] += t.untyped_storage().nbytes()
             keep_alive.append(t)
@@ -153,37 +197,38 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
 
     flops: dict[str, int] = {}
     moved: dict[str, OpClassCounter] = {}
+    out_bytes: dict[str, int] = {}
     with torch.device("meta"):
         model = spec.build().train()
-    with FakeTensorMode() as mode:
+    with FakeTensorMode() as mode, \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         _materialise_fake(model, dtype)
         units = list(model.named_children())
-        params = [sum(p.numel() for p in unit.parameters()) for _, unit in units]
+        params = {name: sum(p.numel() for p in unit.parameters()) for name, unit in units}
         total = sum(p.numel() for p in model.parameters())
-        if sum(params) != total:
-            raise ValueError(f"{spec.name}: units hold {sum(params)} params but the model "
-                             f"has {total}; a parameter is shared between units")
+        if sum(params.values()) != total:
+            raise ValueError(f"{spec.name}: units hold {sum(params.values())} params but the "
+                             f"model has {total}; a parameter is shared between units")
         for t in [*model.parameters(), *model.buffers()]:
             saved_by[_storage_key(t)] = "(parameter or buffer)"
+        casts = WeightCasts({_storage_key(p) for p in model.parameters()})
         x = mode.from_tensor(inputs)
         if x.is_floating_point():
             x = x.to(dtype)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             for name, unit in units:
-                current[0] = name
+                current[0] = casts.unit = name
                 saved_bytes[name] = 0
                 moved[name] = OpClassCounter()
                 with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter, \
-                        moved[name]:
+                        moved[name], casts:
                     x = unit(x)
                 flops[name] = counter.get_total_flops()
+                out_bytes[name] = _nbytes(x)
             with moved[name]:                            # the loss runs in the last unit
                 spec.loss(x, mode.from_tensor(targets))  # saves e.g. log-softmax
-    return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
-                        activation_bytes_per_sample=saved_bytes[name] / batch,
-                        forward_bytes_per_sample=moved[name].bytes / batch,
-                        forward_kernels=moved[name].kernels)
-            for (name, _), n in zip(units, params, strict=True)]
+    return params, flops, moved, saved_bytes, out_bytes, \
+        {name: casts.bytes.get(name, 0) for name in params}
 
 
 def _number(value: float) -> str:
@@ -207,7 +252,11 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
         "#   backward, parameters excluded, at the model's precision; the loss's go to the last",
         "#   unit. forward_bytes_per_sample: bytes read + written by the memory-bound ops",
         "#   (all but matmul/conv/attention) at the model's precision; forward_kernels: non-view",
-        "#   ops of one forward pass. Exactly what is counted: measure/make_workloads.py.",
+        "#   ops of one forward pass. output_bytes_per_sample: the unit's output (what activation",
+        "#   checkpointing keeps, the LM head's logits). autocast_*: the same two counted again",
+        "#   under torch.autocast(bfloat16) with fp32 parameters (the DDP recipe);",
+        "#   autocast_weight_cache_bytes: the bf16 weight copies autocast makes in the unit.",
+        "#   Exactly what is counted: measure/make_workloads.py.",
         f"name = {_string(spec.name)}",
         f"description = {_string(spec.description)}",
         f"generated_by = {_string(command)}",
@@ -226,6 +275,11 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure]) -> str:
             f"activation_bytes_per_sample = {_number(u.activation_bytes_per_sample)}",
             f"forward_bytes_per_sample = {_number(u.forward_bytes_per_sample)}",
             f"forward_kernels = {u.forward_kernels}",
+            f"output_bytes_per_sample = {_number(u.output_bytes_per_sample)}",
+            "autocast_activation_bytes_per_sample = "
+            f"{_number(u.autocast_activation_bytes_per_sample)}",
+            f"autocast_output_bytes_per_sample = {_number(u.autocast_output_bytes_per_sample)}",
+            f"autocast_weight_cache_bytes = {u.autocast_weight_cache_bytes}",
         ]
     return "\n".join(lines) + "\n"
 

@@ -37,9 +37,17 @@ import time
 from typing import Any
 
 
-def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shard",
-             batch_size: int | None = None) -> dict[str, Any]:
-    """One estimate: {"peak_bytes", "parts", "method", ...} of rank 0 of an N-rank job."""
+def estimate(workload, strategy: str, ranks: int, variant: str = "full-shard",
+             batch_size: int | None = None, precision: str | None = None,
+             checkpointing: str = "none") -> dict[str, Any]:
+    """One estimate: {"peak_bytes", "parts", "method", ...} of rank 0 of an N-rank job.
+
+    `workload`: a name in measure.models.MODELS or a ModelSpec (e.g. a reduced-depth one).
+    `precision` (default the spec's): "bf16-mixed" is autocast for DDP and
+    MixedPrecisionPolicy(bf16, fp32) for FSDP; "bf16" builds the model in bf16 (pure bf16;
+    the optimizer's fp32 master copy is not part of torch.optim and is not tracked);
+    "fp32" neither. `checkpointing`: "full" wraps every unit but the first and the last
+    in checkpoint_wrapper (non-reentrant), "selective" every other one of those."""
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -48,7 +56,8 @@ def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shar
     from measure.memtrack import snapshot_parts
     from measure.models import MODELS, make_optimizer
 
-    spec = MODELS[workload]
+    spec = MODELS[workload] if isinstance(workload, str) else workload
+    precision = precision or spec.precision
     batch = batch_size or spec.batch_size
     start = time.perf_counter()
     dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
@@ -60,13 +69,18 @@ def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shar
         with FakeTensorMode():
             if strategy == "fsdp":
                 with torch.device("meta"):
-                    model = spec.build()
-                model, tracker_of, autocast = _fsdp(spec, model, mesh, variant), \
+                    model = _checkpointed(spec.build(), checkpointing)
+                if precision == "bf16":
+                    model = model.to(torch.bfloat16)
+                model, tracker_of, autocast = _fsdp(precision, model, mesh, variant), \
                     _fsdp_tracker, False
                 model.to_empty(device="cpu")
             else:
-                model, tracker_of, autocast = _ddp(spec.build()), _ddp_tracker, \
-                    spec.precision == "bf16-mixed"
+                model = _checkpointed(spec.build(), checkpointing)
+                if precision == "bf16":
+                    model = model.to(torch.bfloat16)
+                model, tracker_of, autocast = _ddp(model), _ddp_tracker, \
+                    precision == "bf16-mixed"
             optimizer = make_optimizer(spec, model.parameters())
             for p in model.parameters():                    # optimizer state now exists,
                 p.grad = torch.zeros_like(p)                # as in steady state
@@ -86,19 +100,36 @@ def estimate(workload: str, strategy: str, ranks: int, variant: str = "full-shar
     peak, parts = snapshot_parts(snapshot)
     method = ("FSDPMemTracker" if strategy == "fsdp" else "MemTracker") + \
         " under FakeTensorMode, fake process group" + (", autocast bf16" if autocast else "")
-    return {"workload": workload, "strategy": strategy,
+    return {"workload": spec.name, "strategy": strategy, "precision": precision,
+            "checkpointing": checkpointing,
             "variant": variant if strategy == "fsdp" else "", "ranks": ranks,
             "batch_size": batch, "peak_bytes": int(peak),
             "parts": {k: int(v) for k, v in parts.items()}, "method": method,
+            "categories": {str(getattr(k, "value", k)): int(v) for cats in snapshot.values()
+                           for k, v in cats.items()},
             "torch_version": torch.__version__, "seconds": time.perf_counter() - start}
 
 
-def _fsdp(spec, model, mesh, variant: str):
+def _checkpointed(model, mode: str):
+    """`model` with its middle units (not the embeddings nor the head) in checkpoint_wrapper:
+    all of them ("full"), every other one ("selective"), none ("none")."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode == "none":
+        return model
+    middle = list(model._modules)[1:-1]      # as perfmodel's Workload.checkpointed()
+    for i, name in enumerate(middle):
+        if mode == "full" or i % 2 == 0:
+            model._modules[name] = checkpoint_wrapper(model._modules[name])
+    return model
+
+
+def _fsdp(precision: str, model, mesh, variant: str):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": variant == "full-shard"}
-    if spec.precision == "bf16-mixed":
+    if precision == "bf16-mixed":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)
     for name, unit in model.named_children():
