@@ -21,7 +21,11 @@ Steps (one command, resumable: runs already recorded are not repeated):
    blown up, or test accuracy falling DRAWDOWN below its best so far). Profiles in HELD_OUT
    are left out of every fit and used for the check: penalty error at the budget where run
    and model are both stable, and stable-or-not everywhere.
-4. Writes perfmodel/data/accuracy/mlp.toml with provenance (date, command, torch version,
+4. The gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018) per setting,
+   measured every NOISE_EVERY updates along plain synchronous runs of seeds SYNC_SEEDS
+   (measure/noise_scale.py), numerator and denominator summed over points and seeds;
+   recorded under "noise_scale" in the runs file; it prices synchronous steps of N batches.
+5. Writes perfmodel/data/accuracy/mlp.toml with provenance (date, command, torch version,
    seeds, runs) and the held-out check.
 
 Usage: python -m calibration.fit_accuracy [--fit-only] [--runs PATH] [--out PATH]
@@ -56,6 +60,7 @@ from perfmodel.accuracy.model import (
     parse_accuracy_model,
 )
 from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import toml_value
 
 REPO = Path(__file__).resolve().parent.parent
 # The recorded harness runs the shipped model is fitted on; shipped beside it (the findings
@@ -94,6 +99,7 @@ WORTH_FIT_FROM = 0.9        # β and κ are fitted on evaluations from this shar
 DRAWDOWN = 0.2              # accuracy lost from the best so far that marks a run unstable
 CAVEAT = "other workloads are more sensitive — Dai et al. 2019"
 COMMAND = "python -m calibration.fit_accuracy"
+NOISE_EVERY = 20            # updates between noise-scale measurements
 
 
 # ---------------------------------------------------------------- profiles
@@ -201,7 +207,37 @@ def record_runs(path: Path, progress: Callable[[str], None] = print) -> dict[str
         _write_json(path, data)
         progress(f"[{i + 1}/{len(todo)}] {key.optimizer} lr {key.lr:g} {key.profile} "
                  f"{key.mitigation}: accuracy {run['accuracy'][-1]:.3f} in {run['wall_s']:.0f} s")
+    return record_noise(path, data, progress)
+
+
+def record_noise(path: Path, data: dict[str, Any],
+                 progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure the noise scale of every setting and seed not yet in `data`, saving each."""
+    from measure.noise_scale import noise_scale_run
+    from measure.staleness_harness import HarnessConfig
+
+    done = {(r["optimizer"], float(r["lr"]), int(r["seed"])) for r in data.get("noise_scale", [])}
+    for optimizer, lr, updates in SETTINGS:
+        for seed in SYNC_SEEDS:
+            if (optimizer, lr, seed) in done:
+                continue
+            config = HarnessConfig(updates=updates, lr=lr, optimizer=optimizer, seed=seed)
+            points = noise_scale_run(config, NOISE_EVERY)
+            data.setdefault("noise_scale", []).append({
+                "optimizer": optimizer, "lr": lr, "updates": updates, "seed": seed,
+                "every": NOISE_EVERY, "micro_batches": 16, "micro_batch_size": 16,
+                "points": [[p.updates, p.trace_sigma, p.grad_sq] for p in points]})
+            _write_json(path, data)
+            progress(f"noise scale {optimizer} lr {lr:g} seed {seed}: "
+                     f"{noise_scale_of(data['noise_scale'][-1:]):.1f} samples")
     return data
+
+
+def noise_scale_of(records: list[dict[str, Any]]) -> float:
+    """B_simple = Σ tr(Σ) / Σ |G|² over every point of `records` (measure/noise_scale.py)."""
+    pts = np.array([p for r in records for p in r["points"]], dtype=float).reshape(-1, 3)
+    g2 = pts[:, 2].sum()
+    return float(pts[:, 1].sum() / g2) if g2 > 0 else float("inf")
 
 
 def provenance(runs: int) -> dict[str, Any]:
@@ -373,6 +409,8 @@ def fit_model(data: dict[str, Any]) -> dict[str, Any]:
             "beta": beta, "rate_exponent": kappa, "seed_sd": spread, "fit_rms": fit_rms,
             "band": 2.0 * float(np.hypot(spread, fit_rms)),
             "sync_observed": float(np.mean([observed(r, updates) for r in sync])),
+            "noise": [r for r in data.get("noise_scale", [])
+                      if r["optimizer"] == optimizer and np.isclose(r["lr"], lr)],
             "instability": fit_threshold(threshold_points)})
     return {"settings": settings}
 
@@ -433,8 +471,14 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
                   f"seed_sd = {s['seed_sd']!r}", f"fit_rms = {s['fit_rms']!r}",
                   f"band = {s['band']!r}", f"sync_observed = {s['sync_observed']!r}",
                   "# an update is worth (lr_applied / lr) ** rate_exponent / (1 + beta * tau)",
-                  f"rate_exponent = {s['rate_exponent']!r}",
-                  "beta = { " + ", ".join(f'"{m}" = {b!r}' for m, b in s["beta"].items())
+                  f"rate_exponent = {s['rate_exponent']!r}"]
+        if s["noise"]:
+            lines += ["# gradient noise scale tr(Σ)/|G|² in samples (McCandlish et al. 2018), "
+                      "over seeds:",
+                      f"noise_scale_samples = {noise_scale_of(s['noise'])!r}",
+                      "noise_scale_per_seed = "
+                      + _toml_value([noise_scale_of([r]) for r in s["noise"]])]
+        lines += ["beta = { " + ", ".join(f'"{m}" = {b!r}' for m, b in s["beta"].items())
                   + " }",
                   "# instability index x = mean(lr_applied * (2 tau + 1)) / (1 - momentum)",
                   "[settings.instability]"]
@@ -453,13 +497,13 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
 
 
 def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float | np.floating | np.integer):
-        return repr(v.item() if isinstance(v, np.generic) else v) if np.isfinite(v) else "inf"
+    """perfmodel.tomlfile's one TOML writer, with numpy scalars as Python numbers (a value
+    that is not finite is refused, never written)."""
+    if isinstance(v, np.generic):
+        v = v.item()
     if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False)
+        v = [x.item() if isinstance(x, np.generic) else x for x in v]
+    return toml_value(v)
 
 
 def write_model(data: dict[str, Any], out: Path,
@@ -472,6 +516,8 @@ def write_model(data: dict[str, Any], out: Path,
             "runs_recorded": data["provenance"]["date"], "runs": len(data["runs"]),
             "held_out_extra_seeds": list(HELD_OUT_EXTRA_SEEDS),
             "stable_held_out_more_seeds": list(STABLE_HELD_OUT_MORE_SEEDS),
+            "noise_scale": (f"measure/noise_scale.py every {NOISE_EVERY} updates of plain "
+                            f"synchronous runs, seeds {list(SYNC_SEEDS)}, 16 batches of 16"),
             "runs_file": str(runs.resolve().relative_to(REPO)
                              if runs.resolve().is_relative_to(REPO) else runs)}
     text = model_toml(fitted, prov, None)

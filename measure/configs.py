@@ -16,6 +16,7 @@ import shutil
 from typing import Any
 
 from perfmodel.errors import PerfmodelError
+from perfmodel.sim.scenario import parse_speeds
 from perfmodel.workload import load_workload, workload_paths
 
 SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}    # nccl-tests: -b 8 -e 128M
@@ -30,18 +31,7 @@ def check_workload(name: str) -> str:
 
 def parse_speed(text: str | None, workers: int) -> list[float]:
     """Relative worker speeds from "1,0.5" (one per worker); [] when not given."""
-    if text is None:
-        return []
-    try:
-        values = [float(s) for s in text.split(",")]
-    except ValueError:
-        raise PerfmodelError(f"--speed '{text}' is not a comma-separated list of numbers"
-                             ) from None
-    if len(values) != workers:
-        raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is {workers}")
-    if any(not v > 0 for v in values):
-        raise PerfmodelError("every --speed must be positive (1 = full speed, 0.5 = half)")
-    return values
+    return [] if text is None else list(parse_speeds(text, workers))
 
 
 def parse_size(text: str) -> int:

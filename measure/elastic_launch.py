@@ -34,7 +34,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,42 @@ def parse_kills(text: str) -> tuple[Kill, ...]:
             raise PerfmodelError(f"kill '{item.strip()}' is not RANK@STEP (example: 1@30,0@70)")
         kills.append(Kill(int(rank), int(step)))
     return tuple(kills)
+
+
+def check_kills(kills: Sequence[Kill], nproc: int, steps: int) -> None:
+    """Every kill names a rank that exists and a step inside the run, before anything starts
+    (a kill that cannot happen would leave an "ok" run without the failure it was for)."""
+    for i, k in enumerate(kills, 1):
+        if not 0 <= k.rank < nproc:
+            raise PerfmodelError(f"kill {i} ({k.rank}@{k.at_step}): rank {k.rank} does not "
+                                 f"exist; the run has ranks 0..{nproc - 1}")
+        if not 0 <= k.at_step < steps - 1:
+            raise PerfmodelError(f"kill {i} ({k.rank}@{k.at_step}): step {k.at_step} is not "
+                                 f"inside the run, whose {steps} steps leave room for kills at "
+                                 f"steps 0..{steps - 2}")
+
+
+def check_membership_ps(config: dict, workers: int) -> None:
+    """The elastic PS plan against the run (measure/runs/elastic_ps.py checks it again in the
+    ranks): a leaving worker that trains, a leave inside its steps, a join that can happen."""
+    plan = (config.get("options") or {}).get("elastic_ps") or {}
+    standby, who = int(plan.get("standby", 1)), int(plan.get("leave_worker", 0))
+    after, join = int(plan.get("leave_after_steps", 10)), int(plan.get("join_after_updates", 10))
+    steps = int(config.get("steps", 20))
+    active = workers - standby
+    if active < 1:
+        raise PerfmodelError(f"{standby} standby workers leave none of the {workers} workers "
+                             f"to start training")
+    if not 0 <= who < active:
+        raise PerfmodelError(f"the leaving worker {who} does not exist among the {active} "
+                             f"workers that start training (0..{active - 1})")
+    if not 1 <= after < steps:
+        raise PerfmodelError(f"the leave after {after} steps is not inside the run's {steps} "
+                             f"steps per worker (1..{steps - 1})")
+    budget = steps * active
+    if standby and join >= budget - after:
+        raise PerfmodelError(f"a join after {join} updates cannot happen: the run applies "
+                             f"{budget} updates, at least {after} of them before the leave")
 
 
 def free_port() -> int:
@@ -258,9 +294,10 @@ def first_start(records: list[dict]) -> FirstStart:
 def launch_elastic(config: dict, nproc: int, kills: Sequence[Kill], *, min_nodes: int = 1,
                    max_nodes: int = 2, max_restarts: int | None = None,
                    run_root: Path | None = None, timeout_s: float | None = None,
-                   progress: Progress | None = None, oversubscribe: bool = False
-                   ) -> tuple[LaunchResult, list[Recovery]]:
+                   progress: Progress | None = None, oversubscribe: bool = False,
+                   journal: Path | None = None) -> tuple[LaunchResult, list[Recovery]]:
     """An elastic_ddp run of `nproc` local ranks with `kills`; store-ready run directory."""
+    check_kills(kills, nproc, int(config.get("steps", 0)))
     if not 1 <= min_nodes <= max_nodes:
         raise PerfmodelError(f"--nnodes {min_nodes}:{max_nodes} needs 1 <= MIN <= MAX")
     restarts = len(kills) if max_restarts is None else max_restarts
@@ -274,10 +311,16 @@ def launch_elastic(config: dict, nproc: int, kills: Sequence[Kill], *, min_nodes
               env=worker_env(config, local=True, extra=ELASTIC_ENV))
     killer = Killer(run_dir, kills, progress)
     result = supervise(run_dir, [job], timeout_s=timeout_s, progress=killer,
-                       oversubscribed=over,
+                       oversubscribed=over, journal=journal,
                        extra_info={"elastic": {"nnodes": f"{min_nodes}:{max_nodes}",
                                                "max_restarts": restarts,
                                                "kills": [asdict(k) for k in kills]}})
+    if result.ok and len(killer.done) < len(kills):
+        k = kills[len(killer.done)]
+        result = replace(result, status="failed",
+                         reason=f"kill {len(killer.done) + 1} ({k.rank}@{k.at_step}) never "
+                                f"happened: the run finished first")
+        _amend_launch_info(run_dir, result)
     found = recoveries(read_records(run_dir), killer.done)
     recorder = Recorder(run_dir, 0)
     try:
@@ -290,8 +333,10 @@ def launch_elastic(config: dict, nproc: int, kills: Sequence[Kill], *, min_nodes
 
 def launch_membership_ps(config: dict, workers: int, *, run_root: Path | None = None,
                          timeout_s: float | None = None, progress: Progress | None = None,
-                         oversubscribe: bool = False) -> LaunchResult:
+                         oversubscribe: bool = False, journal: Path | None = None
+                         ) -> LaunchResult:
     """An elastic_ps run: one server and `workers` workers (standby ones idle at first)."""
+    check_membership_ps(config, workers)
     standby = int(((config.get("options") or {}).get("elastic_ps") or {}).get("standby", 1))
     busy = {**config, "kind": "ps"}          # the server and idle standbys use no core
     over = check_capacity(busy, workers + 1 - standby, oversubscribe=oversubscribe)
@@ -299,4 +344,14 @@ def launch_membership_ps(config: dict, workers: int, *, run_root: Path | None = 
     job = Job(command=torchrun_command(run_dir, workers + 1),
               env=worker_env(config, local=True))
     return supervise(run_dir, [job], timeout_s=timeout_s, progress=progress,
-                     oversubscribed=over)
+                     oversubscribed=over, journal=journal)
+
+
+def _amend_launch_info(run_dir: Path, result: LaunchResult) -> None:
+    path = run_dir / "launch.json"
+    try:
+        info = json.loads(path.read_text())
+        info.update(status=result.status, reason=result.reason)
+        path.write_text(json.dumps(info, indent=2) + "\n")
+    except (OSError, json.JSONDecodeError):
+        pass

@@ -9,7 +9,12 @@ given, so the same call measures a real cluster). torchrun runs in its own sessi
 each rank in yet another session (torch/distributed/elastic/multiprocessing/
 subprocess_handler), so on Ctrl-C, a timeout or a failed rank the launcher stops torchrun
 (SIGTERM, then SIGKILL) and then kills every process whose command line names RUN_DIR, found
-in /proc. No orphan survives a run.
+in /proc. No orphan survives a run. The launcher's own death is covered too: torchrun is
+started with a parent-death signal and each rank asks for one as it starts (measure/
+lifeline.py, Linux), so kill -9 of the launcher takes torchrun and every rank with it; a
+journal entry written before torchrun starts (`journal`, see measure/session.py) lets the
+next command store such a run as failed. SIGTERM to the launcher is handled like Ctrl-C.
+torchrun keeps its (empty) log folders in RUN_DIR/torchelastic, removed after the run.
 
 Across real nodes every node runs its own launcher with the same torchrun flags and writes
 the records of its own ranks into its own run directory (a directory on a shared filesystem,
@@ -28,6 +33,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from measure import lifeline
 from measure.recorder import read_records
 from perfmodel.cluster import data_home
 from perfmodel.errors import PerfmodelError
@@ -52,6 +59,27 @@ POLL_S = 0.2                # how often the launcher looks at torchrun and the r
 TERM_GRACE_S = 5.0          # how long torchrun gets to stop its ranks after SIGTERM
 
 Progress = Callable[[int], None]   # called with the progress records seen so far
+TORCH_VERSION = "2.13.0"    # the torch perfmodel's measurements are made with
+TORCH_MISSING = (f"torch is not installed in this Python ({sys.executable}); real "
+                 f"measurements need it: pip install torch=={TORCH_VERSION} first")
+LOG_DIR = "torchelastic"    # torchrun --log-dir inside the run directory (else /tmp)
+LOW_DISK_BYTES = 256 * 1024  # less free space than this in the run folder: "disk full"
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_torch() -> None:
+    """Refuse (one line, exit 2) before anything is launched or stored when torch is missing."""
+    if not torch_installed():
+        raise PerfmodelError(TORCH_MISSING)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,8 +115,14 @@ def new_run_dir(config: dict, run_root: Path | None = None) -> Path:
     root = Path(run_root) if run_root is not None else default_run_root()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = (root / f"{stamp}-{config.get('kind', 'run')}-{uuid.uuid4().hex[:8]}").resolve()
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True)
+                                             + "\n")
+    except OSError as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise PerfmodelError(f"cannot create the run folder {run_dir}: {e.strerror or e}; "
+                             f"nothing was launched") from e
     return run_dir
 
 
@@ -100,6 +134,7 @@ def torchrun_command(run_dir: Path, nproc: int, torchrun_args: Sequence[str] = (
     node_args = list(torchrun_args) if is_multinode(torchrun_args) else ["--standalone",
                                                                           *torchrun_args]
     return [sys.executable, "-m", "torch.distributed.run", *node_args,
+            "--log-dir", str(run_dir / LOG_DIR),
             "--nproc-per-node", str(nproc), "--max-restarts", "0",
             "-m", "measure.worker", str(run_dir)]
 
@@ -142,7 +177,7 @@ def check_capacity(config: dict, nproc: int, *, oversubscribe: bool,
 def launch(config: dict, nproc: int, *, torchrun_args: Sequence[str] = (),
            run_root: Path | None = None, progress: Progress | None = None,
            oversubscribe: bool = False, timeout_s: float | None = None,
-           env: dict[str, str] | None = None) -> LaunchResult:
+           env: dict[str, str] | None = None, journal: Path | None = None) -> LaunchResult:
     """Run one measurement of `nproc` local ranks; return once no process of it is left."""
     if nproc < 1:
         raise PerfmodelError(f"need at least 1 process per node, got {nproc}")
@@ -155,29 +190,63 @@ def launch(config: dict, nproc: int, *, torchrun_args: Sequence[str] = (),
     job = Job(command=torchrun_command(run_dir, nproc, torchrun_args),
               env=worker_env(config, local=not multinode, extra=env))
     return supervise(run_dir, [job], timeout_s=timeout_s, progress=progress,
-                     oversubscribed=over)
+                     oversubscribed=over, journal=journal)
+
+
+class TerminatedError(Exception):
+    """SIGTERM reached the launcher while it supervised a run."""
+
+
+def journal_entry(journal: Path, run_dir: Path) -> Path:
+    """The journal file of a run: written before torchrun starts, removed once stored."""
+    return Path(journal) / f"{run_dir.name}.json"
+
+
+def write_journal(journal: Path, run_dir: Path) -> Path:
+    """Note that this process is launching `run_dir` (pid and its start time), so that if it
+    dies before storing the run, the next command can (measure/session.py)."""
+    entry = journal_entry(journal, run_dir)
+    info = {"pid": os.getpid(), "pid_start": lifeline.start_time(os.getpid()),
+            "run_dir": str(run_dir), "started_at": _now()}
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info) + "\n")
+        os.replace(tmp, entry)
+    except OSError as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise PerfmodelError(f"cannot write the run journal {entry}: {e.strerror or e}; "
+                             f"nothing was launched") from e
+    return entry
 
 
 def supervise(run_dir: Path, jobs: Sequence[Job], *, timeout_s: float | None = None,
               progress: Progress | None = None, oversubscribed: bool = False,
-              extra_info: dict | None = None) -> LaunchResult:
+              extra_info: dict | None = None, journal: Path | None = None) -> LaunchResult:
     """Start `jobs` (torchrun invocations writing into one run directory), wait for all of
-    them, and stop every process of the run on failure, timeout or Ctrl-C."""
+    them, and stop every process of the run on failure, timeout, Ctrl-C or SIGTERM. With
+    `journal` (a folder), an entry naming this process is written there first."""
+    if journal is not None:
+        write_journal(journal, run_dir)
     started_at, t0 = _now(), time.monotonic()
     procs: list[subprocess.Popen] = []
     interrupted = timed_out = False
+    how = "interrupted (Ctrl-C)"
+    observed: list[int | None] = []
     watcher = _ProgressWatcher(run_dir)
+    previous = _catch_sigterm()
     try:
         for job in jobs:
             with open(run_dir / job.log_name, "wb") as log:
                 procs.append(subprocess.Popen(job.command, env=job.env, stdout=log,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True, cwd=run_dir))
+                                              start_new_session=True, cwd=run_dir,
+                                              preexec_fn=lifeline.child_setup(os.getpid())))
         while True:
-            codes = [p.poll() for p in procs]
+            observed = [p.poll() for p in procs]
             if progress is not None:
                 progress(watcher.count())
-            if all(c == 0 for c in codes) or any(c not in (None, 0) for c in codes):
+            if all(c == 0 for c in observed) or any(c not in (None, 0) for c in observed):
                 break
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 timed_out = True
@@ -185,19 +254,31 @@ def supervise(run_dir: Path, jobs: Sequence[Job], *, timeout_s: float | None = N
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         interrupted = True
+    except TerminatedError:
+        interrupted, how = True, "terminated (SIGTERM)"
     finally:
-        _stop(procs, run_dir)
+        try:
+            _stop(procs, run_dir)
+        finally:
+            _restore_sigterm(previous)
+            _remove_empty_tree(run_dir / LOG_DIR)
     if progress is not None:
         progress(watcher.count())
     codes = tuple(p.returncode for p in procs)
+    killed = [(p.pid, -c) for p, c in zip(procs, observed, strict=False) if c is not None and c < 0]
     if interrupted:
-        status, reason = "failed", "interrupted (Ctrl-C); every rank was stopped"
+        status, reason = "failed", f"{how}; every rank was stopped"
     elif timed_out:
         status, reason = "failed", f"timed out after {timeout_s:g} s; every rank was stopped"
     elif all(c == 0 for c in codes):
         status, reason = "ok", ""
+    elif killed:
+        status, reason = "failed", (f"torchrun (pid {killed[0][0]}) was killed by "
+                                    f"{_signal_name(killed[0][1])}; every rank was stopped")
     else:
         status, reason = "failed", failure_reason(run_dir, jobs, codes)
+    if status == "failed" and disk_full(run_dir):     # the cause of whatever the ranks said
+        reason = f"the disk of {run_dir.parent} is full (what failed next: {reason})"
     result = LaunchResult(run_dir=run_dir, status=status, reason=reason, exit_codes=codes,
                           wall_s=time.monotonic() - t0, oversubscribed=oversubscribed,
                           interrupted=interrupted)
@@ -236,6 +317,13 @@ def failure_reason(run_dir: Path, jobs: Sequence[Job], codes: Sequence[int | Non
     tail = _last_lines(run_dir / jobs[0].log_name) if jobs else ""
     code = next((c for c in codes if c not in (None, 0)), None)
     return f"torchrun exited with code {code}" + (f": {tail}" if tail else "")
+
+
+def disk_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path).free < LOW_DISK_BYTES
+    except OSError:
+        return False
 
 
 def live_processes(run_dir: Path) -> list[int]:
@@ -320,6 +408,40 @@ def _stop(procs: Sequence[subprocess.Popen], run_dir: Path) -> None:
         time.sleep(0.1)
 
 
+def signal_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to each of `pids` (gone already: fine), then give them a moment to go."""
+    for pid in pids:
+        _signal_pid(pid, sig)
+    time.sleep(0.1)
+
+
+def _catch_sigterm():
+    """SIGTERM raises TerminatedError while a run is supervised (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:               # once: a second SIGTERM must not cut the cleanup short
+            fired.append(signum)
+            raise TerminatedError()
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_empty_tree(path: Path) -> None:
+    """torchrun's log folders hold nothing when nothing is redirected: remove them then."""
+    if path.is_dir() and not any(p.is_file() for p in path.rglob("*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -393,4 +515,5 @@ def _write_launch_info(result: LaunchResult, jobs: Sequence[Job], started_at: st
         "commands": [job.command for job in jobs], "host": os.uname().nodename,
         "python_version": sys.version.split()[0], "git_revision": git_revision(), **extra,
     }
-    (result.run_dir / "launch.json").write_text(json.dumps(info, indent=2) + "\n")
+    with contextlib.suppress(OSError):      # a full disk: the store does without it
+        (result.run_dir / "launch.json").write_text(json.dumps(info, indent=2) + "\n")

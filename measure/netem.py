@@ -95,7 +95,7 @@ def capped_link(rate_Gbps: float) -> Iterator[CappedLink]:
 
 def launch_capped(config: dict, nproc: int, rate_Gbps: float, *, run_root: Path | None = None,
                   progress: Progress | None = None, oversubscribe: bool = False,
-                  timeout_s: float | None = None) -> LaunchResult:
+                  timeout_s: float | None = None, journal: Path | None = None) -> LaunchResult:
     """Run one measurement split over two emulated nodes (node 0 takes the odd rank out)
     whose link is capped at `rate_Gbps`; the run records `link_rate_Gbps`."""
     if nproc < 2:
@@ -120,7 +120,7 @@ def launch_capped(config: dict, nproc: int, rate_Gbps: float, *, run_root: Path 
             env = worker_env(config, local=False, extra={"GLOO_SOCKET_IFNAME": link.devices[k]})
             jobs.append(Job(command=command, env=env, log_name=f"torchrun-node{k}.log"))
         return supervise(run_dir, jobs, timeout_s=timeout_s, progress=progress,
-                         oversubscribed=over,
+                         oversubscribed=over, journal=journal,
                          extra_info={"link_rate_Gbps": rate_Gbps,
                                      "tbf_burst_bytes": tbf_burst_bytes(rate_Gbps),
                                      "nproc_per_node": list(per_node)})

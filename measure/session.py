@@ -10,6 +10,15 @@ compare` (perfmodel/compare/) all call, so every run is launched and stored the 
 - `run_membership_ps`: an asynchronous parameter server that a worker leaves and a standby
   joins.
 
+Before anything is launched each checks that torch is installed (else one line: install
+torch==2.13.0 first; nothing stored), opens and checks the store (a corrupt one is refused
+before the torch job), and stores as failed any run whose launcher died before storing it
+(`recover_orphans`). While a run goes, a journal entry in the store's folder
+(`Store.journal_dir`, one small JSON file per run: the launcher's pid and its start time, the
+run directory) says who is running it; it is removed once the run is stored. A launcher
+killed with -9 takes torchrun and the ranks with it (measure/lifeline.py); its entry stays,
+and the next command stores that run as failed: "launcher pid N died ...".
+
 Each stores the run with every rank's records in the measurement store (measure/store.py),
 whether it succeeded, failed or was interrupted, and returns a `StoredRun`; what a person
 reads about it comes from measure/summary.py. Progress goes to an optional callback object
@@ -18,13 +27,31 @@ reads about it comes from measure/summary.py. Progress goes to an optional callb
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from measure.elastic_launch import Kill, Recovery, launch_elastic, launch_membership_ps
-from measure.launch import LaunchResult, launch
+from measure import lifeline
+from measure.elastic_launch import (
+    Kill,
+    Recovery,
+    check_kills,
+    check_membership_ps,
+    launch_elastic,
+    launch_membership_ps,
+)
+from measure.launch import (
+    LaunchResult,
+    journal_entry,
+    launch,
+    live_processes,
+    require_torch,
+    signal_pids,
+)
 from measure.netem import launch_capped
 from measure.store import Store
 from perfmodel.errors import PerfmodelError
@@ -98,9 +125,53 @@ class StoredRun:
 
 def store_result(store: Store, result: LaunchResult,
                  recoveries: Sequence[Recovery] = ()) -> StoredRun:
-    """Ingest a finished launch's run directory into the store."""
+    """Ingest a finished launch's run directory into the store; its journal entry goes."""
     run_id = store.ingest(result.run_dir, result.status, result.reason)
+    with contextlib.suppress(OSError):
+        journal_entry(store.journal_dir, result.run_dir).unlink()
     return StoredRun(run_id=run_id, result=result, recoveries=tuple(recoveries))
+
+
+def prepare(store: Store) -> list[int]:
+    """Before a launch: torch is here, the store opens and is sound, and runs orphaned by a
+    dead launcher are stored as failed (their ids are returned)."""
+    require_torch()
+    store.check()
+    return recover_orphans(store)
+
+
+def recover_orphans(store: Store) -> list[int]:
+    """Store as failed every run in the journal whose launcher is gone (killed before it
+    could store it), after stopping whatever is left of it; return the new run ids."""
+    ids = []
+    folder = store.journal_dir
+    if not folder.is_dir():
+        return ids
+    for entry in sorted(folder.glob("*.json")):
+        try:
+            info = json.loads(entry.read_text())
+            pid, started, run_dir = int(info["pid"]), info.get("pid_start"), Path(info["run_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if lifeline.alive(pid, started):
+            continue                    # still running (this or another launcher)
+        claimed = entry.with_name(f"{entry.name}.{os.getpid()}.claimed")
+        try:
+            os.rename(entry, claimed)   # one recoverer per entry, even if two commands start
+        except OSError:
+            continue
+        for _ in range(3):              # a process of the run that outlived its launcher
+            pids = live_processes(run_dir)
+            if not pids:
+                break
+            signal_pids(pids)
+        if (run_dir / "config.json").is_file():
+            ids.append(store.ingest(run_dir, "failed",
+                                    f"launcher pid {pid} died before storing the run (killed?); "
+                                    f"no process of it is left"))
+        with contextlib.suppress(OSError):
+            claimed.unlink()
+    return ids
 
 
 def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] = (),
@@ -112,13 +183,15 @@ def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] 
     if torchrun_args and link_rate_Gbps is not None:
         raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
                              "combined with --nnodes/--rdzv-endpoint")
+    prepare(store)
     if link_rate_Gbps is not None:
         result = launch_capped(config, nproc, link_rate_Gbps, run_root=run_root,
                                progress=progress, oversubscribe=oversubscribe,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, journal=store.journal_dir)
     else:
         result = launch(config, nproc, torchrun_args=torchrun_args, run_root=run_root,
-                        progress=progress, oversubscribe=oversubscribe, timeout_s=timeout_s)
+                        progress=progress, oversubscribe=oversubscribe, timeout_s=timeout_s,
+                        journal=store.journal_dir)
     return store_result(store, result)
 
 
@@ -127,10 +200,12 @@ def run_elastic_ddp(config: dict, nproc: int, kills: Sequence[Kill], store: Stor
                     timeout_s: float | None = None, progress: Update | None = None,
                     oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
     """An elastic DDP run with `kills`, stored with the launcher's recovery records."""
+    check_kills(kills, nproc, int(config.get("steps", 0)))
+    prepare(store)
     result, found = launch_elastic(config, nproc, kills, min_nodes=min_nodes,
                                    max_nodes=max_nodes, max_restarts=max_restarts,
                                    run_root=run_root, timeout_s=timeout_s, progress=progress,
-                                   oversubscribe=oversubscribe)
+                                   oversubscribe=oversubscribe, journal=store.journal_dir)
     return store_result(store, result, found)
 
 
@@ -138,6 +213,9 @@ def run_membership_ps(config: dict, workers: int, store: Store, *,
                       timeout_s: float | None = None, progress: Update | None = None,
                       oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
     """An asynchronous PS run that a worker leaves and a standby joins, stored."""
+    check_membership_ps(config, workers)
+    prepare(store)
     result = launch_membership_ps(config, workers, run_root=run_root, timeout_s=timeout_s,
-                                  progress=progress, oversubscribe=oversubscribe)
+                                  progress=progress, oversubscribe=oversubscribe,
+                                  journal=store.journal_dir)
     return store_result(store, result)

@@ -166,6 +166,18 @@ class Store:
         self.path = Path(path) if path is not None else default_db_path()
         self.busy_timeout_s = busy_timeout_s
 
+    @property
+    def journal_dir(self) -> Path:
+        """Where launchers note the runs they have started and not yet stored (one small
+        file per run, measure/session.py): beside the store, named after it."""
+        return self.path.parent / f"{self.path.name}.running"
+
+    def check(self) -> None:
+        """Open the store (creating it if new) and check it, before anything is launched: a
+        corrupt, foreign or newer store is refused now, not after the run."""
+        with self._connect():
+            pass
+
     # -- writing ----------------------------------------------------------------------------
 
     def ingest(self, run_dir: Path, status: str, reason: str = "") -> int:

@@ -4,6 +4,8 @@ torchrun starts one process per rank; each reads RUN_DIR/config.json, joins the 
 (gloo on CPU, NCCL when CUDA devices are present), calls `measure.runs.<kind>.run(ctx)` and
 records what happened in RUN_DIR/rank<R>.jsonl. A rank that fails writes an "error" record
 and exits non-zero, so torchrun tears the job down and the launcher marks the run failed.
+First of all a rank asks to be killed when torchrun dies (measure/lifeline.py), so no rank
+outlives its launcher.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from measure.context import RunContext
+from measure.lifeline import tie_rank_to_torchrun
 from measure.recorder import Recorder
 
 
@@ -25,6 +28,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m measure.worker RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
+    tie_rank_to_torchrun(run_dir)       # die with torchrun, which dies with the launcher
     config = json.loads((run_dir / "config.json").read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -143,16 +143,25 @@ def elastic_config(*, events: str | None = None, failure_rate_per_hour: float | 
 def check_events(events: tuple[MembershipEvent, ...], workers: int
                  ) -> tuple[MembershipEvent, ...]:
     """Time-ordered events, checked against a pool of `workers`: workers that exist, no join
-    of a worker already in the job, no leave or fail of one that is not."""
+    of a worker already in the job, no leave or fail of one that is not. A worker whose first
+    event is a join arrives late; late arrivals take the last worker numbers (with 16 workers
+    and 2 late ones, 14 and 15), so `join:3@10` on 16 workers is an error, not a restart."""
     ordered = tuple(sorted(events, key=lambda e: e.time_s))     # stable: same-time order kept
     for e in ordered:
         if not 0 <= e.worker < workers:
             raise PerfmodelError(f"event {e} names worker {e.worker}, but the job has workers "
                                  f"0..{workers - 1}")
-    first: dict[int, str] = {}
+    first: dict[int, MembershipEvent] = {}
     for e in ordered:
-        first.setdefault(e.worker, e.kind)
-    present = {w for w in range(workers) if first.get(w) != "join"}
+        first.setdefault(e.worker, e)
+    late = sorted(w for w, e in first.items() if e.kind == "join")
+    for w in late:
+        if w < workers - len(late):
+            raise PerfmodelError(
+                f"event {first[w]}: worker {w} is already in the job (a join needs a leave or "
+                f"fail of it first; late arrivals take the last worker numbers, here "
+                f"{workers - len(late)}..{workers - 1})")
+    present = {w for w in range(workers) if w not in late}
     for e in ordered:
         if e.kind == "join":
             if e.worker in present:

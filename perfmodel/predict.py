@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
+from perfmodel.stats import quantile
 from perfmodel.uncertainty import PredictionInterval, prediction_interval
 
 
@@ -38,23 +40,8 @@ class Spread:
         if values.size == 0:
             return Spread(mean=0.0, p50=0.0, p95=0.0, max=0.0)
         ordered = np.sort(values)
-        return Spread(mean=float(values.mean()), p50=_quantile(ordered, 0.5),
-                      p95=_quantile(ordered, 0.95), max=float(ordered[-1]))
-
-
-def _quantile(ordered: np.ndarray, q: float) -> float:
-    """np.percentile(values, 100 q) of sorted float values, bit for bit (its default 'linear'
-    method, numpy's own arithmetic), without np.percentile: that goes through np.unique,
-    which imports numpy.ma (~10 % of a small prediction's import time)."""
-    n = ordered.size
-    virtual = (n - 1) * q
-    if virtual >= n - 1:
-        return float(ordered[-1])
-    below = int(virtual)            # floor: virtual >= 0
-    gamma = virtual - below
-    a, b = float(ordered[below]), float(ordered[below + 1])
-    diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        return Spread(mean=float(values.mean()), p50=quantile(ordered, 0.5),
+                      p95=quantile(ordered, 0.95), max=float(ordered[-1]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,9 +59,14 @@ class Summary:
     steps_counted: int
 
 
+# each record's fields as a tuple, read in C (a 4096-worker run has 80,000 of each)
+_STEP_FIELDS = attrgetter("worker", "step", "start_s", "end_s", "compute_s", "comm_exposed_s",
+                          "wait_s")
+_UPDATE_FIELDS = attrgetter("worker", "step", "staleness")
+
+
 def summarise(result: SimResult, scenario: Scenario) -> Summary:
-    rec = np.array([(r.worker, r.step, r.start_s, r.end_s, r.compute_s, r.comm_exposed_s,
-                     r.wait_s) for r in result.steps], dtype=float).reshape(-1, 7)
+    rec = np.array(list(map(_STEP_FIELDS, result.steps)), dtype=float).reshape(-1, 7)
     worker, step, start, end, compute, comm, wait = rec.T
     warm = step >= scenario.warmup_steps
     if not warm.any():
@@ -92,8 +84,7 @@ def summarise(result: SimResult, scenario: Scenario) -> Summary:
         throughput = scenario.batch_size * int(in_window.sum()) / (t1 - t0)
     else:  # one counted step per worker: fall back to the mean step time
         throughput = scenario.batch_size * scenario.workers / float(durations.mean())
-    upd = np.array([(u.worker, u.step, u.staleness) for u in result.updates],
-                   dtype=float).reshape(-1, 3)
+    upd = np.array(list(map(_UPDATE_FIELDS, result.updates)), dtype=float).reshape(-1, 3)
     upd = upd[upd[:, 1] >= scenario.warmup_steps]
     stale, who = upd[:, 2], upd[:, 0].astype(int)
     counts = np.bincount(who, minlength=scenario.workers)

@@ -177,6 +177,9 @@ def plot(rows: list[SweepRow], path: Path, title: str) -> None:
         ax.grid(True, alpha=0.3)
     ax1.set_yscale("log")
     ax1.legend()
+    # from zero, with headroom: a few per cent must not look dramatic
+    ax2.set_ylim(0, 1.1 * max([1.0] + [r.speedup_vs_1_worker / r.workers for r in rows]))
+    ax3.set_ylim(0, 1.1 * max([r.peak_memory_GiB for r in rows] + [1e-9]))
     if any(r.oom for r in rows):
         ax3.set_title("x = out of memory", fontsize=9)
     fig.suptitle(title)

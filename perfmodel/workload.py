@@ -87,6 +87,9 @@ class Workload:
     path: Path
     activation_element_bytes: int = 2   # element size the bytes were counted at
     activation_checkpointing: str = "none"   # none | full | selective (checkpointed())
+    # the accuracy model that applies (perfmodel/accuracy/lookup.py): a model name or a path;
+    # "" = the one named like the workload, if any
+    accuracy_model: str = ""
 
     def with_precision(self, precision: str) -> Workload:
         """This workload trained at another precision (perfmodel's --precision)."""
@@ -181,6 +184,7 @@ def parse_workload(data: dict, path: Path) -> Workload:
         path=path,
         activation_element_bytes=f.integer("activation_element_bytes",
                                            4 if precision == "fp32" else 2, minimum=1),
+        accuracy_model=f.str("accuracy_model") if f.has("accuracy_model") else "",
     )
 
 

@@ -49,9 +49,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "local_runs.json"
 TRAIN_MAX_BYTES = 2**20          # held-out network: fit on <= 1 MiB, predict 2 to 16 MiB
 # Bounds of the held-out checks on the median |relative error| over the held-out points,
 # derived from the recorded spread in tests/fixtures/README.md: about 1.6x the noise of a
-# 3-repeat median (network), 2σ of a unit timing (compute), under the profile's own 1σ (DDP).
+# 3-repeat median (network), 2x the noise of a median of 8 blocks (compute: σ ≈ 20 % per
+# block, so 2 x 1.25 x 0.20 / √8 ≈ 18 %), under the profile's own 1σ (DDP).
 NETWORK_HELD_OUT_TOL = 0.35
-COMPUTE_HELD_OUT_TOL = 0.45
+COMPUTE_HELD_OUT_TOL = 2 * 1.25 * 0.20 / 8**0.5
 DDP_HELD_OUT_TOL = 0.40
 INTERVAL_COVERAGE = 0.9
 
@@ -317,6 +318,10 @@ def test_held_out_network_larger_messages(recorded):
     assert _median_abs(errors) <= NETWORK_HELD_OUT_TOL, errors
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "the model misses the larger batches by -41 % (cnn-small) and -39 % (mlp), against 18 % "
+    "of timing noise: compute on a busy CPU host (core sharing, cache effects growing with "
+    "the batch) is not modelled (issue 14); strict, so a fix shows up as XPASS"))
 def test_held_out_compute_larger_batch(recorded):
     # fit overhead and efficiency on a quarter and half of each workload's batch, predict
     # its forward + backward passes at the whole batch (the batch training runs use)

@@ -211,3 +211,12 @@ def test_measure_ps_passes_its_learning_rate_to_the_run(monkeypatch):
     assert seen["options"]["ps"]["lr"] == 0.01
     bad = CliRunner().invoke(cli, ["measure", "ps", "--workload", "mlp", "--lr", "0"])
     assert bad.exit_code == 2
+
+
+def test_sweep_refuses_an_elasticity_option_no_strategy_of_it_takes(tmp_path):
+    args = ["sweep", "--workers", "2,4", "--run-hours", "2", "--checkpoint-interval-s", "100",
+            "--out", str(tmp_path)]
+    refused = CliRunner().invoke(cli, args + ["--strategies", "async-ps,sync-ps"])
+    assert refused.exit_code == 2 and "none of async-ps, sync-ps" in refused.output
+    taken = CliRunner().invoke(cli, args + ["--strategies", "ddp,async-ps", "--jobs", "1"])
+    assert taken.exit_code == 0, taken.output

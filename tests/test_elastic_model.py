@@ -118,7 +118,7 @@ def test_one_failure_costs_detection_restart_and_the_work_since_the_checkpoint()
 @pytest.mark.parametrize("kind, down_s", [("leave", 20.0), ("join", 20.0)])
 def test_announced_changes_restart_without_detection(kind, down_s):
     # torchrun restarts the worker group for a departure and for a newcomer alike.
-    schedule = f"{kind}:1@250"          # a first event "join" makes worker 1 a late arrival
+    schedule = f"{kind}:3@250"          # a first event "join" makes worker 3 a late arrival
     cfg = ElasticConfig(run_s=1000.0, events=parse_events(schedule),
                         checkpoint_interval_s=100.0, checkpoint_write_s=0.0,
                         detection_s=10.0, restart_s=20.0)

@@ -349,3 +349,17 @@ def test_long_run_throughput_grows_with_bandwidth_for_unequal_workers(strategy):
         measured.append(steady_cycles_per_s(strategy.simulate(sc), sc.warmup_steps))
     for slower, faster in zip(measured, measured[1:], strict=False):
         assert faster >= slower * (1 - FINITE_RUN_TOL)
+
+
+def test_record_maker_builds_the_same_frozen_records():
+    import dataclasses
+
+    from perfmodel.sim.records import CommRecord, StepRecord, UpdateRecord, maker
+
+    for cls, values in ((StepRecord, (3, 4, 0.5, 0.75, 0.125, 0.0625, 0.0)),
+                        (UpdateRecord, (3, 4, 7, 9, 1.5)),
+                        (CommRecord, ("push", 3, 0.5, 0.75, 1e6, "server0"))):
+        made = maker(cls)(*values)
+        assert type(made) is cls and made == cls(*values) and hash(made) == hash(cls(*values))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.worker = 0

@@ -85,6 +85,9 @@ class Setting:
     seed_sd: float              # SD of synchronous accuracy between seeds near the budget
     band: float                 # half-width of the predicted accuracy band (accuracy units)
     instability_threshold: float  # unstable from this instability index up
+    # gradient noise scale B_simple = tr(Σ)/|G|² in samples (McCandlish et al. 2018), measured
+    # along the synchronous runs; None when not measured (synchronous steps then scale linearly)
+    noise_scale_samples: float | None = None
 
     @property
     def momentum(self) -> float:
@@ -127,6 +130,20 @@ def mean_worth(staleness: np.ndarray, beta: float, lr: float, mitigation: str,
     """Mean over updates of (lr_i/α₀)^κ / (1 + β·τ_i): synchronous updates per update."""
     ratio = update_rates(staleness, lr, mitigation) / lr
     return float(np.mean(ratio ** rate_exponent / (1.0 + beta * staleness)))
+
+
+def batch_efficiency(noise_scale_samples: float | None, batch: int, workers: int) -> float:
+    """What one worker's batch is worth inside a synchronous step of `workers` such batches.
+
+    A step of batch B does 1/(1 + B_noise/B) of an ideal (noise-free) step (McCandlish et al.
+    2018, eq. 2.9: S = S_min(1 + B_noise/B)); the learning curve counts updates of one batch
+    b, so the step is worth (1 + B_noise/b)/(1 + B_noise/(N·b)) of them, and each of its N
+    worker batches (b + B_noise)/(N·b + B_noise): 1 at N = 1, 1/N when B_noise ≪ b. Without a
+    measured noise scale every batch counts fully (linear scaling, Goyal et al. 2017).
+    """
+    if noise_scale_samples is None or workers <= 1:
+        return 1.0
+    return (batch + noise_scale_samples) / (workers * batch + noise_scale_samples)
 
 
 def update_rates(staleness: np.ndarray, lr: float, mitigation: str) -> np.ndarray:
@@ -200,7 +217,9 @@ def parse_accuracy_model(data: dict, path: Path) -> AccuracyModel:
             beta={m: beta.number(m) for m in MITIGATIONS},
             rate_exponent=s.number("rate_exponent"),
             seed_sd=s.number("seed_sd"), band=s.number("band"),
-            instability_threshold=s.table("instability").number("threshold", positive=True)))
+            instability_threshold=s.table("instability").number("threshold", positive=True),
+            noise_scale_samples=(s.number("noise_scale_samples", positive=True)
+                                 if s.has("noise_scale_samples") else None)))
     return AccuracyModel(
         workload=f.str("workload"), data_set=f.str("data_set"), caveat=f.str("caveat"),
         chance_accuracy=f.number("chance_accuracy"),

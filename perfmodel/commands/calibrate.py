@@ -71,17 +71,16 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
     from calibration.hardware import choose_base, detect, torch_version
     from calibration.suite import build_suite
     from measure.configs import torchrun_args
+    from measure.launch import require_torch
     from measure.store import Store
 
     started = time.monotonic()
     if not PROFILE_NAME.fullmatch(cluster):
         raise PerfmodelError(f"--cluster '{cluster}': a profile name is letters, digits, '_', "
                              f"'-' or '.' (it becomes the file name)")
+    require_torch()                 # one line: install torch==2.13.0 first; nothing stored
     hw = detect()
     choice = choose_base(cluster, hw)
-    if torch_version() is None:
-        raise PerfmodelError("calibrating measures real torch.distributed runs, but torch is "
-                             "not installed here; install perfmodel's measure extra")
     args = torchrun_args(nnodes, node_rank, rdzv_endpoint, rdzv_id)
     nodes = int(nnodes) if args and str(nnodes).isdigit() else 1
     if args and nodes < 2:

@@ -60,9 +60,12 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
       perfmodel compare --cluster local --quick --out /tmp/first-look
       perfmodel compare --cluster local --profile ~/.local/share/perfmodel/profiles/local.toml
     """
+    from measure.launch import require_torch
     from measure.store import Store
     from perfmodel.compare.comparison import compare, default_out
 
+    if not predict_only:
+        require_torch()             # before the store is looked at: torch is what is missing
     out = out or default_out(cluster, quick)
     lines = not as_json
     with RunsProgress(command="perfmodel calibrate", label="calibrating",

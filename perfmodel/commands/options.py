@@ -13,6 +13,7 @@ from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.scenario import JITTER_KINDS, MAX_JITTER_CV, Scenario
+from perfmodel.sim.scenario import parse_speeds as scenario_speeds
 from perfmodel.workload import CHECKPOINTING, PRECISIONS, load_workload
 
 
@@ -153,11 +154,32 @@ ELASTIC_OPTION_NAMES = ("events", "failure_rate_per_hour", "replace_after_s", "r
                         "restart_s", "min_workers", "sync_ps_on_departure")
 
 
-def pop_elastic_options(kwargs: dict[str, Any], workers: int):
+# Elasticity options that only one kind of scheduling has (strategies.Scheduling): a gang
+# restart checkpoints, restarts and waits for MIN workers; only a synchronous PS has a barrier
+# to drop a departed worker from. Given for another strategy, they would do nothing: an error.
+ELASTIC_OPTION_SCHEDULING = {"checkpoint_interval_s": ("gang",), "checkpoint_write_s": ("gang",),
+                             "restart_s": ("gang",), "min_workers": ("gang",),
+                             "sync_ps_on_departure": ("sync",)}
+
+
+def check_elastic_options_fit(given: dict[str, Any], strategy: str) -> None:
+    """Refuse an elasticity option the strategy does not have (one line, naming both)."""
+    record = strategy_records.get(strategy)
+    for name, kinds in ELASTIC_OPTION_SCHEDULING.items():
+        if given.get(name) is not None and record.scheduling not in kinds:
+            fits = [r.name for r in strategy_records.REGISTRY.values() if r.scheduling in kinds]
+            raise PerfmodelError(f"--{name.replace('_', '-')} does not apply to --strategy "
+                                 f"{strategy}; it applies to {', '.join(fits)}")
+
+
+def pop_elastic_options(kwargs: dict[str, Any], workers: int, strategy: str | None = None):
     """The elasticity config of the options given (None: none given), its size checked
-    against --max-events for a pool of `workers`; seed and max_events stay in kwargs.
-    Without elasticity options perfmodel.goodput (and sim/elastic.py) is never imported."""
+    against --max-events for a pool of `workers`, each option checked to fit `strategy` (if
+    given); seed and max_events stay in kwargs. Without elasticity options perfmodel.goodput
+    (and sim/elastic.py) is never imported."""
     given = {k: kwargs.pop(k, None) for k in ELASTIC_OPTION_NAMES}
+    if strategy is not None:
+        check_elastic_options_fit(given, strategy)
     # --replace-after-s alone is no elasticity (elastic_config ignores it): nothing to build
     if all(v is None for k, v in given.items() if k != "replace_after_s"):
         return None
@@ -209,15 +231,7 @@ def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,
     if speed is not None and stragglers:
         raise PerfmodelError("give either --speed or --stragglers, not both")
     if speed is not None:
-        try:
-            values = tuple(float(s) for s in speed.split(","))
-        except ValueError:
-            raise PerfmodelError(f"--speed '{speed}' is not a comma-separated list of "
-                                 "numbers") from None
-        if len(values) != workers:
-            raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is "
-                                 f"{workers}")
-        return values
+        return scenario_speeds(speed, workers)
     if stragglers > workers:
         raise PerfmodelError(f"--stragglers {stragglers} exceeds --workers {workers}")
     if not stragglers:

@@ -63,7 +63,7 @@ def command(strategy, workers, allow_oom, as_json, timings, **kwargs):
     if workers < 1:
         raise PerfmodelError(f"--workers must be at least 1, got {workers}")
     options = pop_strategy_options(kwargs)
-    elastic = pop_elastic_options(kwargs, workers)
+    elastic = pop_elastic_options(kwargs, workers, strategy)
     scenario = build_scenario(workers=workers, **kwargs)
     p = predict(strategy, scenario, **options)
     if not allow_oom:

@@ -65,8 +65,9 @@ class RunsProgress:
         self.update(self.size)
 
     def finish(self, line: str) -> None:
+        self.update(self.size)          # the run's share in full, then the next run's starts
         self.offset += self.size
-        self.update(self.size)
+        self.size = 0
         if self.bar is None and self.lines:
             click.echo(f"{self.command}: {'  ' if self.announce else ''}{line}", err=True)
 

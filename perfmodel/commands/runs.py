@@ -26,7 +26,8 @@ from perfmodel.errors import PerfmodelError
 def command(db, kind, workload, status, csv_path, table, as_json):
     """List stored measurement runs, or export them to CSV.
 
-    The store's schema is documented in measure/store.py.
+    The store's schema is documented in measure/store.py. A run whose launcher died before
+    storing it (kill -9) is stored as failed first, with that reason.
 
     \b
     Examples:
@@ -34,9 +35,12 @@ def command(db, kind, workload, status, csv_path, table, as_json):
       perfmodel runs --kind ddp --status ok --json
       perfmodel runs --kind collectives --csv collectives.csv --table collectives
     """
+    from measure.session import recover_orphans
     from measure.store import TABLES, Store
 
     store = Store(db)
+    if store.journal_dir.is_dir():      # runs orphaned by a dead launcher: stored as failed
+        recover_orphans(store)
     if table not in TABLES:
         raise PerfmodelError(f"unknown table '{table}'; choose from: {', '.join(TABLES)}")
     if table != "runs" and csv_path is None:

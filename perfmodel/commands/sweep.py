@@ -10,7 +10,9 @@ import click
 
 from perfmodel import strategies as strategy_records
 from perfmodel.commands.options import (
+    ELASTIC_OPTION_NAMES,
     build_scenario,
+    check_elastic_options_fit,
     elastic_options,
     pop_elastic_options,
     pop_strategy_options,
@@ -72,6 +74,16 @@ def command(strategies, workers, out, as_json, jobs, **kwargs):
     if kwargs["stragglers"] > min(counts):
         raise PerfmodelError(f"--stragglers {kwargs['stragglers']} exceeds the smallest worker "
                              f"count {min(counts)}")
+    # an elasticity option must fit at least one strategy of the sweep (as strategy options)
+    given_elastic = {k: kwargs.get(k) for k in ELASTIC_OPTION_NAMES}
+    refusals = []
+    for s in names:
+        try:
+            check_elastic_options_fit(given_elastic, s)
+        except PerfmodelError as e:
+            refusals.append(str(e))
+    if len(refusals) == len(names):
+        raise PerfmodelError(f"it applies to none of {', '.join(names)}: {refusals[0]}")
     elastic = pop_elastic_options(kwargs, max(counts))
     if elastic is not None and elastic.events:
         from perfmodel.goodput import check_events
@@ -98,11 +110,13 @@ def command(strategies, workers, out, as_json, jobs, **kwargs):
     from perfmodel.sweep import load_pyplot, plot, run_sweep, write_csv, write_json
 
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-    with click.progressbar(length=len(names) * len(counts), label="predicting",
-                           file=click.get_text_stream("stderr")) as bar:
+    from perfmodel.commands.progress import RunsProgress
+
+    with RunsProgress(command="perfmodel sweep", label="predicting", bar=True, lines=False,
+                      total=len(names) * len(counts)) as bar:
         scenarios = [build_scenario(workers=n, **kwargs) for n in counts]
         # with a pool, this process imports matplotlib for the plot while the workers predict
-        rows = run_sweep(scenarios, names, per_strategy, progress=lambda: bar.update(1),
+        rows = run_sweep(scenarios, names, per_strategy, progress=bar.advance,
                          elastic=elastic, jobs=jobs, while_waiting=load_pyplot)
     base = scenarios[0]
     meta = {"cluster": base.cluster.name, "workload": base.workload.name,

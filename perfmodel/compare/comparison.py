@@ -11,6 +11,7 @@ to measure.session.Progress callbacks; nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -107,6 +108,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         progress=progress)
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
+    twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
+    rows = [dataclasses.replace(r, memory_twin=twins.get(r.key, "")) for r in rows]
     torch_rows, torch_note = summary.torch_memory_rows(
         None if quick and torch_memory is None else (torch_memory or "8,64"))
     curves = summary.scaling_curves(held_out, profile, steps=steps, seed=seed)
@@ -131,6 +134,9 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                       elastic=membership)
     report.write_markdown(out / "report.md", meta=meta, rows=rows, figures=drawn,
                           torch_rows=torch_rows, elastic_lines=elastic_lines,
+                          elastic_head=([f"- {line}" for line in
+                                         elastic_report.headline(membership)] + [""]
+                                        if membership else []),
                           why_missed=summary.why_missed(
                               rows, list(found.load.values()),
                               overlap_slowdown=profile.compute.overlap_slowdown))

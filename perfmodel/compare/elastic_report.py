@@ -2,8 +2,9 @@
 
 elastic.png: for the elastic DDP run, useful progress (steps done, as a restart throws work
 away it drops back to the checkpoint) against time since every rank was first ready, the
-model's line over each measured run; below it, throughput over time (samples/s in quarter-second
-bins, the slope of the line above): the plot of a run's throughput over time that shows what
+model's line over each measured run; below it, throughput over time (samples/s of forward
+progress in quarter-second bins; work thrown away at a restart shows as the drop above, never
+as a negative rate): the plot of a run's throughput over time that shows what
 a restart costs.
 """
 
@@ -49,15 +50,18 @@ def figure(doc: dict[str, Any], out: Path) -> dict[str, Any]:
     top.set_title(f"{item.key}: {item.label}", fontsize=8)
     top.legend(fontsize=7)
     pt, pv = throughput_series(pred["progress"]["t_s"], pred["progress"]["steps"], per_step)
+    pv = np.clip(pv, 0.0, None)
     bottom.step(pt, pv, where="mid", color="black", lw=2, label="model")
     plotted = {"model": {"t_s": pt.tolist(), "samples_per_s": pv.tolist()}, "measured": []}
     for k, m in enumerate(runs):
         mt, mv = throughput_series(m["progress"]["t_s"], m["progress"]["steps"], per_step)
+        mv = np.clip(mv, 0.0, None)         # lost work shows in the top panel's drop
         bottom.step(mt, mv, where="mid", lw=1, label=f"measured, run {k + 1}")
         plotted["measured"].append({"t_s": mt.tolist(), "samples_per_s": mv.tolist()})
     bottom.axhline(0, color="gray", lw=0.5)
+    bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since every rank was first ready")
-    bottom.set_ylabel(f"samples/s ({BIN_S:g} s bins)")
+    bottom.set_ylabel(f"samples/s forward ({BIN_S:g} s bins)")
     return {"file": _save(fig, out / "elastic.png"), "plotted": plotted}
 
 
@@ -89,6 +93,10 @@ def markdown(doc: dict[str, Any], figure_file: str | None) -> list[str]:
         out.append(f"| `{r['key']}` | {r['quantity']} ({u}) | {_num(r['predicted'], u)}"
                    f"{band} | {meas}{mark} | {pct(r['error_rel'])} |")
     inside = [r for r in doc["rows"] if r["inside"] is not None]
+    counted = [r for r in doc["rows"] if r["measured"] and r["error_rel"] is not None]
+    if counted:
+        w = max(counted, key=lambda r: abs(r["error_rel"]))
+        out += ["", f"Worst case: `{w['key']}` {w['quantity']}, {pct(w['error_rel'])}."]
     out += ["", f"{sum(bool(r['inside']) for r in inside)} of {len(inside)} measured medians "
             "with an interval fall inside it (◦: outside). Recovery = kill → the progress "
             "at the kill regained: detection + restart (rendezvous, process start, process "
@@ -112,13 +120,31 @@ def markdown(doc: dict[str, Any], figure_file: str | None) -> list[str]:
 
 
 def headline(doc: dict[str, Any]) -> list[str]:
-    """One line for the command's output: recoveries inside their interval, goodput error."""
-    rec = [r for r in doc["rows"] if r["quantity"].startswith("recovery") and r["measured"]]
-    good = [r for r in doc["rows"] if r["quantity"] == "goodput" and r["measured"]]
-    keep = [r for r in doc["rows"] if r["quantity"] == "gone over before" and r["measured"]]
-    parts = [f"recoveries inside their interval: {sum(bool(r['inside']) for r in rec)} of "
-             f"{len(rec)}"] if rec else []
-    parts += [f"goodput error {pct(good[0]['error_rel'])}"] if good else []
-    parts += [f"PS throughput kept while a worker is gone: predicted "
-              f"{keep[0]['predicted']:.2f}, measured {keep[0]['median']:.2f}"] if keep else []
+    """One line for the command's output: recoveries inside their interval with the
+    interval's width, goodput error, the PS's absolute update rates and the joiner, and the
+    worst row; the kept-rate ratio only beside the rates it is a ratio of."""
+    rows = [r for r in doc["rows"] if r["measured"] and r["error_rel"] is not None]
+    rec = [r for r in rows if r["quantity"].startswith("recovery")]
+    parts = []
+    if rec:
+        widths = [(r["high"] - r["low"]) / 2 / r["predicted"] for r in rec
+                  if r["low"] is not None and r["predicted"]]
+        parts.append(f"recoveries inside their interval: {sum(bool(r['inside']) for r in rec)}"
+                     f" of {len(rec)}" + (f" (median half-width ±{float(np.median(widths)):.0%})"
+                                         if widths else ""))
+    parts += [f"{r['quantity']} error {pct(r['error_rel'])}" for r in rows
+              if r["quantity"] == "goodput"]
+    rates = [r for r in rows if r["unit"] == "updates/s"]
+    if rates:
+        parts.append("PS update rate errors " + ", ".join(
+            f"{r['quantity'].removeprefix('update rate ')} {pct(r['error_rel'])}"
+            for r in rates))
+    parts += [f"joiner's first gradient error {pct(r['error_rel'])}" for r in rows
+              if r["quantity"] == "join s"]
+    keep = [r for r in rows if r["quantity"] == "gone over before"]
+    parts += [f"share of throughput kept {keep[0]['predicted']:.2f} predicted vs "
+              f"{keep[0]['median']:.2f} measured (a ratio of the rates above)"] if keep else []
+    if rows:
+        w = max(rows, key=lambda r: abs(r["error_rel"]))
+        parts.append(f"worst: {w['key']} {w['quantity']} {pct(w['error_rel'])}")
     return ["elastic: " + "; ".join(parts)] if parts else ["elastic: no successful run"]

@@ -3,11 +3,13 @@ the comparison rows and returns the numbers it plotted, which the report keeps i
 comparisons.json so that a figure can be checked against the table.
 
 - scatter.png: predicted against measured median (bars: min–max over repeats), y = x and
-  ±15 % lines, one panel per quantity; hollow markers are timed-wait runs.
+  ±15 % lines (both in the legend), one panel per quantity; hollow markers are timed-wait
+  runs; staleness only where it can be wrong, one point per worker's mean.
 - scaling.png: throughput against workers per strategy: the model's line (timed-wait
   settings, the configuration's workload and options) over the measured points.
 - memory.png: peak memory per worker by part, predicted beside measured.
-- staleness.png: staleness histograms, predicted (line) over measured (bars).
+- staleness.png: staleness histograms, predicted (line) over measured (bars); W1 (the
+  Wasserstein-1 distance between them, in versions) explained under the panels.
 - timeline.png: one configuration's simulated steady steps per worker (compute, exposed
   communication, waiting) and the transfers on its links, beside its measured breakdown.
 - torch_memory.png: perfmodel against PyTorch's FakeTensorMode estimate at 8–64 ranks.
@@ -60,6 +62,9 @@ def scatter(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
             v = r.quantities[q]
             if v.predicted is None or v.measured is None:
                 continue
+            if q == "staleness_mean":
+                points += _staleness_points(ax, r)
+                continue
             points.append([r.key, v.measured, v.predicted])
             x, y = v.measured * scale, v.predicted * scale
             err = [[x - v.low * scale], [v.high * scale - x]]
@@ -76,18 +81,47 @@ def scatter(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
                 lo, hi = lo - 1, hi + 1
             line = np.linspace(lo, hi, 2)
             ax.plot(line, line, "k-", lw=1, label="y = x")
-            ax.plot(line, line * (1 + LARGE_ERROR), "k:", lw=0.8, label="±15 %")
+            ax.plot(line, line * (1 + LARGE_ERROR), "k:", lw=0.8,
+                    label=f"±{LARGE_ERROR:.0%}")
             ax.plot(line, line * (1 - LARGE_ERROR), "k:", lw=0.8)
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
         else:
-            ax.text(0.5, 0.5, "no configuration", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no configuration where it can be wrong" if q ==
+                    "staleness_mean" else "no configuration", ha="center",
+                    transform=ax.transAxes)
+    axes.flat[3].set_title("staleness where it can be wrong (SSP, async with stragglers):\n"
+                           "per-worker means, else the pooled mean", fontsize=10)
     handles = [plt.Line2D([], [], marker="o", ls="", color=r.color, label=r.name)
                for r in strategy_records.REGISTRY.values()]
     handles.append(plt.Line2D([], [], marker="o", ls="", color="k", mfc="none",
                               label="timed-wait"))
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=9)
-    return {"file": _save(fig, out / "scatter.png", rect=(0, 0.05, 1, 1)), "points": plotted}
+    handles.append(plt.Line2D([], [], color="k", lw=1, label="y = x: perfect prediction"))
+    handles.append(plt.Line2D([], [], color="k", ls=":", lw=0.8,
+                              label=f"±{LARGE_ERROR:.0%}: beyond it a configuration is "
+                                    f"diagnosed"))
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=9)
+    return {"file": _save(fig, out / "scatter.png", rect=(0, 0.08, 1, 1)), "points": plotted}
+
+
+def _staleness_points(ax, r: Comparison) -> list[list]:
+    """Staleness points of one configuration where it can be wrong: one per worker with
+    per-worker means, else the pooled mean (SSP only); nothing where it cannot be wrong."""
+    if not r.staleness_can_be_wrong:
+        return []
+    color = _color(r.strategy)
+    mfc = "none" if r.mode == "timed-wait" else color
+    pairs = [(f"{r.key} worker {w}", m, p) for w, (p, m) in
+             sorted(r.staleness_per_worker.items()) if p is not None and m is not None]
+    if not pairs and strategy_records.get(r.strategy).ps_mode == "ssp":
+        v = r.quantities["staleness_mean"]
+        pairs = [(r.key, v.measured, v.predicted)]
+        ax.errorbar(v.measured, v.predicted, xerr=[[v.measured - v.low], [v.high - v.measured]],
+                    fmt="o", color=color, ms=7, mfc=mfc, capsize=3)
+        return [list(p) for p in pairs]
+    for _, m, p in pairs:
+        ax.plot(m, p, "o", color=color, ms=6, mfc=mfc)
+    return [list(p) for p in pairs]
 
 
 def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
@@ -100,7 +134,7 @@ def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
     plotted = {}
     for ax, s in zip(axes[0], names, strict=False):
         c = curves[s]
-        ax.plot(c["workers"], c["throughput"], "-", color=_color(s), label="model")
+        ax.plot(c["workers"], c["throughput"], "-", color=_color(s), label="predicted (model)")
         pts = []
         for r in rows:
             if r.key not in c["keys"] or r.quantities["throughput"].measured is None:
@@ -112,6 +146,10 @@ def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
                         _color(s), capsize=3)
         plotted[s] = {"model": [list(c["workers"]), list(c["throughput"])], "measured": pts}
         ax.set_title(f"{s}: {c['label']}", fontsize=9)
+        ax.plot([], [], "o", color=_color(s), label="measured (filled: real compute)")
+        ax.plot([], [], "o", color=_color(s), mfc="none", label="measured (hollow: timed-wait)")
+        ax.legend(fontsize=7, title="line = predicted, circle = measured", title_fontsize=7,
+                  loc="lower right")
         ax.set_xlabel("workers")
         ax.set_ylabel("throughput (samples/s)")
         ax.set_ylim(bottom=0)
@@ -120,7 +158,7 @@ def scaling(rows: Sequence[Comparison], curves: dict[str, dict[str, Any]],
 
 def memory(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
     chosen = [r for r in rows if r.measured_memory_parts and r.predicted_memory_parts]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(chosen) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.2 * len(chosen) + 3.5), 4.5))
     plotted = {}
     for i, r in enumerate(chosen):
         for j, (who, parts) in enumerate((("predicted", r.predicted_memory_parts),
@@ -136,8 +174,11 @@ def memory(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
                   fontsize=8)
     ax.set_ylabel("peak memory per worker (MiB)")
     ax.set_title("model (left) and measured (right, hatched)", fontsize=10)
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS.values()],
-              labels=list(PART_COLORS), fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PART_COLORS.values()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="grey",
+                                 hatch="//"))
+    ax.legend(handles=handles, labels=[*PART_COLORS, "measured (hatched)"], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return {"file": _save(fig, out / "memory.png"), "bars": plotted}
 
 
@@ -156,14 +197,19 @@ def staleness(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
         ax.bar(bins[:-1] + 0.5, m_share, 0.8, color="#bbbbbb", label="measured")
         ax.step(bins[:-1] + 0.5, p_share, where="mid", color=_color(r.strategy), lw=2,
                 label="model")
-        ax.set_title(f"{r.key}\nW1 = {r.staleness_w1:.2f}", fontsize=9)
+        ax.set_title(f"{r.key}\nW1 = {r.staleness_w1:.2f} versions", fontsize=9)
         ax.set_xlabel("staleness (versions)")
         ax.set_ylabel("share of updates")
         ax.legend(fontsize=8)
         plotted[r.key] = {"measured": m_share.tolist(), "model": p_share.tolist()}
     if not chosen:
         axes[0][0].text(0.5, 0.5, "no asynchronous configuration", ha="center")
-    return {"file": _save(fig, out / "staleness.png"), "histograms": plotted}
+    fig.text(0.5, 0.01, "W1: Wasserstein-1 (earth mover's) distance between the model's and "
+             "the measured distribution, in versions:\nhow far each update's staleness must "
+             "move on average to turn one into the other (0 = the same).", ha="center",
+             fontsize=8)
+    return {"file": _save(fig, out / "staleness.png", rect=(0, 0.1, 1, 1)),
+            "histograms": plotted}
 
 
 def timeline(row: Comparison, tl: dict[str, Any], out: Path) -> dict[str, Any]:

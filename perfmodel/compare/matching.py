@@ -14,7 +14,17 @@ Measured, per run (measure/store.py tables), over the timed steps only:
 Over repeats: the median and its spread (min and max, the noise floor). A failed run is
 left out and listed, never averaged in. Error = (predicted − measured) / measured.
 Staleness distributions are compared by the Wasserstein-1 distance (earth mover's distance,
-scipy.stats.wasserstein_distance) between predicted and measured values, in versions.
+scipy.stats.wasserstein_distance) between predicted and measured values, in versions: the
+mean number of versions each update's staleness must move to turn one distribution into the
+other (0: the same distribution).
+
+Headlines count a quantity only where it can be wrong (`counts`): staleness for SSP and for
+asynchronous PS with workers of different speeds (a synchronous PS is 0 by construction, and
+an asynchronous PS with one gradient in flight per worker has a mean staleness of N − 1
+whatever its implementation); for asynchronous PS the pooled mean is N − 1 even with
+stragglers, so what is compared there is each worker's own mean staleness. Peak memory is
+counted only where the model's memory differs from a calibration (set A) run's
+(`memory_twin`): an identical one is in-sample.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import scipy.stats
+
+from perfmodel import strategies as strategy_records
 
 LARGE_ERROR = 0.15                  # errors beyond this get a diagnosis in the report
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
@@ -69,6 +81,17 @@ def steady_staleness(updates: Sequence[Any], warmup_steps: int) -> np.ndarray:
     return tau[steady_mask(worker, step, time_s, warmup_steps)]
 
 
+def steady_staleness_by_worker(updates: Sequence[Any], warmup_steps: int
+                               ) -> dict[int, float]:
+    """Each worker's mean staleness over the steady window (see `steady_staleness`)."""
+    if not updates:
+        return {}
+    worker, step, time_s, tau = _columns(updates)
+    keep = steady_mask(worker, step, time_s, warmup_steps)
+    return {int(w): float(tau[keep & (worker == w)].mean())
+            for w in np.unique(worker[keep])}
+
+
 def steady_throughput(updates: Sequence[Any], warmup_steps: int, batch_size: int
                       ) -> float | None:
     """PS samples per second while every worker is still pushing: the updates applied after
@@ -98,6 +121,8 @@ class MeasuredRun:
     memory_parts: dict[str, float] | None
     staleness: tuple[float, ...]
     per_rank: dict[int, tuple[float, float]]     # rank -> (mean compute_s, mean comm_wait_s)
+    staleness_by_worker: dict[int, float] = field(default_factory=dict)
+    memory_method: str = ""
 
 
 def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> MeasuredRun:
@@ -123,18 +148,21 @@ def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> Measu
         throughput = float(sum(
             sum(s["samples"] or 0 for s in steps if s["rank"] == r)
             / sum(s["wall_s"] for s in steps if s["rank"] == r) for r in per_rank))
-    peak, parts = None, None
+    peak, parts, method = None, None, ""
     memory = [m for m in run.table("memory") if not (ps and m["rank"] == 0)]
     if memory and not timed_wait:
         top = max(memory, key=lambda m: m["peak_bytes"] or 0)
         peak = float(top["peak_bytes"])
         parts = {p: float(top.get(f"{p}_bytes") or 0) for p in MEMORY_PARTS}
+        method = str(top.get("method") or "")
     staleness = steady_staleness(run.table("updates"), warmup_steps) if ps else np.zeros(0)
+    by_worker = steady_staleness_by_worker(run.table("updates"), warmup_steps) if ps else {}
     return MeasuredRun(run_id=run.row.id, throughput_samples_per_s=throughput,
                        step_time_s=float(wall.mean()), compute_s=float(compute.mean()),
                        comm_wait_s=float(comm.mean()), peak_memory_bytes=peak,
                        memory_parts=parts, staleness=tuple(float(v) for v in staleness),
-                       per_rank=per_rank)
+                       per_rank=per_rank, staleness_by_worker=by_worker,
+                       memory_method=method)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +223,34 @@ class Comparison:
     predicted_staleness: tuple[float, ...] = ()
     measured_staleness: tuple[float, ...] = ()
     per_rank: dict[int, tuple[float, float]] = field(default_factory=dict)
+    speed: tuple[float, ...] = ()       # relative worker speeds; () = all 1
+    # worker -> (predicted, measured median over repeats) mean staleness; {} = not recorded
+    staleness_per_worker: dict[int, tuple[float | None, float | None]] = field(
+        default_factory=dict)
+    memory_method: str = ""             # how the measured peak was taken (the tracker)
+    memory_twin: str = ""               # the set-A run whose modelled memory is the same
+
+    @property
+    def staleness_can_be_wrong(self) -> str:
+        """Why this configuration's staleness says something about the model ('' = it
+        cannot be wrong: not a PS, a synchronous PS, or homogeneous asynchronous PS)."""
+        rec = strategy_records.get(self.strategy)
+        if not rec.is_ps or rec.synchronous:
+            return ""
+        if rec.ps_mode == "ssp":
+            return "SSP: the bound holds fast workers back"
+        if len(set(self.speed)) > 1:
+            return "asynchronous, workers of different speeds: per-worker staleness differs"
+        return ""
+
+    @property
+    def staleness_worst_worker(self) -> tuple[int, float, float, float] | None:
+        """(worker, predicted, measured, error) of the worker whose mean staleness the model
+        misses most; None without per-worker means."""
+        found = [(w, p, m, relative_error(p, m)) for w, (p, m) in
+                 sorted(self.staleness_per_worker.items())]
+        found = [f for f in found if f[3] is not None]
+        return max(found, key=lambda f: abs(f[3])) if found else None
 
     @property
     def diagnosis(self) -> str:
@@ -243,6 +299,15 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
             float(np.mean(pred_tau)) if ps and pred_tau else None,
             [float(np.mean(m.staleness)) for m in measured if m.staleness] if ps else []),
     }
+    pred_w = {int(w): float(v) for w, v in
+              (predicted.get("staleness_worker_means") or {}).items()}
+    meas_w: dict[int, list[float]] = {}
+    for m in measured:
+        for w, v in m.staleness_by_worker.items():
+            meas_w.setdefault(w, []).append(v)
+    per_worker = {w: (pred_w.get(w), float(np.median(meas_w[w])) if w in meas_w else None)
+                  for w in sorted(set(pred_w) | set(meas_w))} if ps else {}
+    methods = sorted({m.memory_method for m in measured if m.memory_method})
     w1 = (float(scipy.stats.wasserstein_distance(pred_tau, meas_tau))
           if ps and pred_tau and meas_tau else None)
     best = min(measured, key=lambda m: abs(m.step_time_s - q["step_time"].measured)) \
@@ -258,12 +323,14 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         predicted_memory_parts=dict(predicted.get("memory_parts") or {}),
         measured_memory_parts=None if best is None else best.memory_parts,
         predicted_staleness=pred_tau, measured_staleness=meas_tau,
-        per_rank={} if best is None else best.per_rank)
+        per_rank={} if best is None else best.per_rank,
+        speed=tuple(float(v) for v in predicted.get("speed") or ()),
+        staleness_per_worker=per_worker, memory_method="; ".join(methods))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Headline:
-    """Summary of one quantity over the configurations that have it."""
+    """Summary of one quantity over the configurations where it can be wrong (`counts`)."""
 
     quantity: str
     count: int
@@ -273,19 +340,58 @@ class Headline:
     inside: int                         # measured medians inside their prediction interval
     with_interval: int
     noise_median: float | None          # median run-to-run spread
+    half_width_median: float | None = None  # median interval half-width / prediction
+    worst_error: float | None = None    # the signed error of `worst`
+    left_out: tuple[str, ...] = ()      # configurations whose value here cannot be wrong
+
+
+def counts(r: Comparison, quantity: str) -> tuple[float | None, str]:
+    """(the error a headline counts for `r`, why it is left out when it is None)."""
+    q = r.quantities[quantity]
+    if quantity == "staleness_mean":
+        if q.predicted is None and q.measured is None:
+            return None, ""
+        if not r.staleness_can_be_wrong:
+            return None, "cannot be wrong (synchronous, or asynchronous with equal workers)"
+        worst = r.staleness_worst_worker
+        if strategy_records.get(r.strategy).ps_mode == "ssp":
+            found = [e for e in (q.error, worst[3] if worst else None) if e is not None]
+            return (max(found, key=abs) if found else None), "not measured"
+        if worst is None:       # asynchronous: the pooled mean is N − 1 whatever happens
+            return None, "per-worker staleness not recorded"
+        return worst[3], ""
+    if quantity == "peak_memory" and r.memory_twin and q.error is not None:
+        return None, f"memory the same as set A's {r.memory_twin} (in-sample)"
+    return q.error, ""
+
+
+def half_width(q: Quantity) -> float | None:
+    """The prediction interval's half-width relative to the prediction."""
+    if q.interval is None or not q.predicted:
+        return None
+    return (q.interval[1] - q.interval[0]) / 2 / abs(q.predicted)
 
 
 def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None) -> Headline:
     chosen = [r for r in rows if mode is None or r.mode == mode]
-    pairs = [(r.key, r.quantities[quantity]) for r in chosen
-             if r.quantities[quantity].error is not None]
-    errors = np.array([abs(qq.error) for _, qq in pairs])
-    spreads = [qq.spread for _, qq in pairs if qq.spread is not None]
-    flags = [qq.inside for _, qq in pairs if qq.inside is not None]
+    pairs, left = [], []
+    for r in chosen:
+        err, why = counts(r, quantity)
+        if err is not None:
+            pairs.append((r.key, r.quantities[quantity], err))
+        elif why:
+            left.append(f"{r.key}: {why}")
+    errors = np.array([abs(e) for _, _, e in pairs])
+    spreads = [qq.spread for _, qq, _ in pairs if qq.spread is not None]
+    flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
+    widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]
+    worst = int(errors.argmax()) if pairs else None
     return Headline(
         quantity=quantity, count=len(pairs),
         median_abs=float(np.median(errors)) if pairs else None,
         max_abs=float(errors.max()) if pairs else None,
-        worst=pairs[int(errors.argmax())][0] if pairs else "",
+        worst=pairs[worst][0] if pairs else "",
         inside=sum(flags), with_interval=len(flags),
-        noise_median=float(np.median(spreads)) if spreads else None)
+        noise_median=float(np.median(spreads)) if spreads else None,
+        half_width_median=float(np.median(widths)) if widths else None,
+        worst_error=float(pairs[worst][2]) if pairs else None, left_out=tuple(left))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmodel.compare.matching import QUANTITIES, Comparison, Headline, headline
+from perfmodel.compare.matching import QUANTITIES, Comparison, Headline, counts, headline
 
 MiB = 2**20
 # quantity -> (median target, max target or None); issue 5
@@ -24,6 +24,15 @@ TARGETS = {"step_time": (0.05, 0.15), "throughput": (0.05, 0.15), "peak_memory":
            "staleness_mean": (0.10, None)}
 NAMES = {"throughput": "throughput", "step_time": "step time", "peak_memory": "peak memory",
          "staleness_mean": "PS mean staleness"}
+# the headline's names: what is counted where it can be wrong (matching.counts)
+HEAD_NAMES = {"throughput": "throughput", "step_time": "step time",
+              "peak_memory": "peak memory, configurations unlike set A",
+              "staleness_mean": "PS staleness (SSP: pooled and per-worker means; async with "
+                                "stragglers: per-worker means)"}
+W1_LEGEND = ("W1 = Wasserstein-1 (earth mover's) distance between the predicted and the "
+             "measured staleness distributions, in versions: how far, on average, each "
+             "update's staleness must move to turn one distribution into the other (0: the "
+             "same distribution; 1: every update one version off).")
 UNITS = {"throughput": ("samples/s", 1.0, 1), "step_time": ("ms", 1e3, 2),
          "peak_memory": ("MiB", 1 / MiB, 1), "staleness_mean": ("", 1.0, 2)}
 CSV_FIELDS = ("predicted", "measured", "low", "high", "error", "spread", "inside")
@@ -56,6 +65,14 @@ def row_values(r: Comparison) -> dict[str, Any]:
                   "high": v.high, "error": v.error, "spread": v.spread, "inside": v.inside}
         out |= {f"{q}_{k}": values[k] for k in CSV_FIELDS}
     out["staleness_w1"] = r.staleness_w1
+    worst = r.staleness_worst_worker
+    out["staleness_worst_worker"] = None if worst is None else worst[0]
+    out["staleness_worst_worker_predicted"] = None if worst is None else worst[1]
+    out["staleness_worst_worker_measured"] = None if worst is None else worst[2]
+    out["staleness_headline_error"] = counts(r, "staleness_mean")[0]
+    out["speed"] = " ".join(f"{v:g}" for v in r.speed)
+    out["memory_method"] = r.memory_method
+    out["memory_twin"] = r.memory_twin
     for k, v in r.predicted_breakdown.items():
         out[f"predicted_{k}"] = v
     for k in ("compute_s", "comm_wait_s"):
@@ -100,6 +117,8 @@ def write_json(meta: dict[str, Any], rows: Sequence[Comparison], figures: dict[s
         "comparisons": [row_values(r) | {
             "failed": [{"run_id": i, "reason": why} for i, why in r.failed],
             "measured_staleness": list(r.measured_staleness),
+            "staleness_per_worker": {str(w): list(v) for w, v in
+                                     r.staleness_per_worker.items()},
             "predicted_staleness": list(r.predicted_staleness)} for r in rows],
         "torch_memory": list(torch_points),
         "figures": figures,
@@ -151,34 +170,91 @@ def table(rows: Sequence[Comparison]) -> list[str]:
     return lines
 
 
+def interval_cell(h: Headline) -> str:
+    """Coverage with the width beside it: a wide interval covers anything."""
+    if not h.with_interval:
+        return "no interval"
+    width = (f" (median half-width ±{h.half_width_median:.0%})"
+             if h.half_width_median is not None else "")
+    return f"{h.inside} of {h.with_interval}{width}"
+
+
+def memory_method(rows: Sequence[Comparison]) -> str:
+    found = sorted({r.memory_method for r in rows if r.memory_method})
+    return ("measured by " + ("; ".join(found) if found else "a tracker not recorded here")
+            + "; model: perfmodel/memory.py's analytic tensor count")
+
+
 def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
-    """(the headline table, one line per missed target)."""
+    """(the headline table and what it leaves out, one line per missed target)."""
     heads = headlines(rows)
-    lines = ["| quantity | configs | median abs error | max abs error (config) | target | met? "
-             "| inside 90 % interval | noise floor (median spread of repeats) |",
+    lines = ["| quantity | configs | median abs error | worst (config, signed error) | target "
+             "| met? | inside 90 % interval (median half-width) | noise floor (median "
+             "spread of repeats) |",
              "|---|---|---|---|---|---|---|---|"]
-    missed = []
+    missed, left = [], []
     for q in QUANTITIES:
         for scope in ("all", "real", "timed-wait"):
             h = heads[q][scope]
             if h.count == 0 or (scope != "all" and heads[q]["all"].count == h.count):
                 continue
             met, words = target_verdict(q, h)
-            name = NAMES[q] + ("" if scope == "all" else f" — {scope} only")
-            inside = f"{h.inside} of {h.with_interval}" if h.with_interval else "no interval"
+            name = HEAD_NAMES[q] + ("" if scope == "all" else f" — {scope} only")
+            if q == "peak_memory" and scope == "all":
+                name += f" ({memory_method(rows)})"
             lines.append(f"| {name} | {h.count} | {pct(h.median_abs, False)} | "
-                         f"{pct(h.max_abs, False)} ({h.worst}) | {words} | "
-                         f"{'yes' if met else 'NO'} | {inside} | "
+                         f"{h.worst} {pct(h.worst_error)} | {words} | "
+                         f"{'yes' if met else 'NO'} | {interval_cell(h)} | "
                          f"{pct(h.noise_median, False)} |")
             if scope == "all" and met is False:
-                missed.append(f"{NAMES[q]}: median {pct(h.median_abs, False)}, max "
-                              f"{pct(h.max_abs, False)} ({h.worst}) against {words}")
+                missed.append(f"{NAMES[q]}: median {pct(h.median_abs, False)}, worst "
+                              f"{h.worst} {pct(h.worst_error)} against {words}")
+        if heads[q]["all"].left_out:
+            left.append(f"{HEAD_NAMES[q]} leaves out: " + "; ".join(heads[q]["all"].left_out))
+    if left:
+        lines += [""] + [f"- {x}" for x in left]
     return lines, missed
+
+
+def staleness_table(rows: Sequence[Comparison]) -> list[str]:
+    """Staleness where it can be wrong: means, the worst worker's mean, W1, the worst case."""
+    chosen = [r for r in rows if r.staleness_can_be_wrong and r.predicted_staleness]
+    if not chosen:
+        return []
+    out = ["## Staleness where it can be wrong", "",
+           "A synchronous PS has staleness 0 by construction and an asynchronous PS with one "
+           "gradient in flight per worker has a pooled mean of N − 1 whatever its "
+           "implementation, so neither is a test. Listed: SSP, and asynchronous PS with "
+           "workers of different speeds, where each worker's own mean and the distribution "
+           "can be wrong. " + W1_LEGEND, "",
+           "| config | why it can be wrong | pooled mean pred | pooled mean meas | worst "
+           "worker: pred / meas | counted error | W1 (versions) |", "|---|---|---|---|---|---|---|"]
+    errs = []
+    for r in chosen:
+        q = r.quantities["staleness_mean"]
+        w = r.staleness_worst_worker
+        worst = (f"worker {w[0]}: {w[1]:.2f} / {w[2]:.2f} ({pct(w[3])})" if w else
+                 "not recorded")
+        err, _ = counts(r, "staleness_mean")
+        if err is not None:
+            errs.append((abs(err), r.key, err))
+        out.append(f"| {r.key} | {r.staleness_can_be_wrong} | {fmt(q.predicted)} | "
+                   f"{fmt(q.measured)} | {worst} | {pct(err)} | {fmt(r.staleness_w1)} |")
+    w1 = [(r.staleness_w1, r.key) for r in chosen if r.staleness_w1 is not None]
+    worst_lines = []
+    if errs:
+        _, key, err = max(errs)
+        worst_lines.append(f"largest counted error {pct(err)} ({key})")
+    if w1:
+        value, key = max(w1)
+        worst_lines.append(f"largest W1 {value:.2f} versions ({key})")
+    return out + ["", "Worst case: " + ("; ".join(worst_lines) or "none counted") + ".", ""]
 
 
 def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Comparison],
                    figures: dict[str, Any], torch_rows: Sequence[dict[str, Any]],
-                   why_missed: Sequence[str], elastic_lines: Sequence[str] = ()) -> None:
+                   why_missed: Sequence[str], elastic_lines: Sequence[str] = (),
+                   elastic_head: Sequence[str] = ()) -> None:
     heads, missed = headline_lines(rows)
     m = meta
     out = [f"# perfmodel compare: `{m['cluster']}`, {m['date']} — predicted vs measured on "
@@ -188,11 +264,17 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
            f"Host {m['host']} ({m['hardware']}), {m['versions']}; {m['wall_s'] / 60:.1f} min "
            f"in all. 1-minute load average before the runs: {m['load_range']} (the 2 cores "
            f"may be shared with other work, which adds to the measured spread).", "",
-           "## Headline", ""] + heads + [""]
+           "## Headline", "",
+           "Each quantity is counted only on configurations where it can be wrong (left-out "
+           "ones are named below the table); the worst configuration and its signed error "
+           "stand beside the median; a prediction interval's coverage stands beside its "
+           "median half-width (a wide interval covers anything).", ""] + heads + [""]
+    out += list(elastic_head)
     if missed:
         out += ["**Targets missed** (issue 5; no configuration was left out to look better):",
                 ""] + [f"- {line}" for line in missed] + [""]
-        out += [f"- why: {w}" for w in why_missed] + ([""] if why_missed else [])
+        out += ["What the measurements say about the misses:", ""]
+        out += [f"- {w}" for w in why_missed] + ([""] if why_missed else [])
     else:
         out += ["Every target of issue 5 is met on these configurations.", ""]
     out += ["## Protocol", ""] + [f"- {line}" for line in m["protocol"]] + [""]
@@ -220,14 +302,19 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             "communication (DDP: after the last bucket was ready; FSDP: inside its "
             "collectives; PS worker: push to reply). The model splits that time into exposed "
             "communication and waiting for other workers.", ""]
+    out += staleness_table(rows)
     out += list(elastic_lines)
     out += ["## Figures", ""]
     captions = {
-        "scatter": "Predicted against measured (bars: min–max of repeats; dotted: ±15 %).",
-        "scaling": "Throughput against workers: the model's line, measured points "
-                   "(hollow: timed-wait).",
-        "memory": "Peak memory per worker by part: model (left) and measured (right).",
-        "staleness": "Staleness distributions: model (line) over measured (bars).",
+        "scatter": "Predicted against measured (bars: min–max of repeats; solid: y = x, "
+                   "a perfect prediction; dotted: ±15 %, the error beyond which a "
+                   "configuration is diagnosed). Staleness: only where it can be wrong, "
+                   "per-worker means (one point per worker).",
+        "scaling": "Throughput against workers: line = predicted, circles = measured "
+                   "(filled: real compute; hollow: timed-wait; bars: min–max of repeats).",
+        "memory": "Peak memory per worker by part: model (left) and measured (right, "
+                  "hatched).",
+        "staleness": "Staleness distributions: model (line) over measured (bars). " + W1_LEGEND,
         "timeline": "One simulated steady step per worker and the transfers on the links, "
                     "beside the measured mean step breakdown.",
         "torch_memory": "Peak memory per rank of GPT-2 XL at scale: perfmodel against "
@@ -247,6 +334,10 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             err = (t["model_bytes"] - t["torch_bytes"]) / t["torch_bytes"]
             out.append(f"| {t['label']} | {t['ranks']} | {t['model_bytes'] / 2**30:.2f} | "
                        f"{t['torch_bytes'] / 2**30:.2f} | {pct(err)} | {parts} |")
+        worst = max(torch_rows, key=lambda t: abs(t["model_bytes"] - t["torch_bytes"])
+                    / t["torch_bytes"])
+        out += ["", f"Worst case: {worst['label']} at {worst['ranks']} ranks, "
+                    f"{pct((worst['model_bytes'] - worst['torch_bytes']) / worst['torch_bytes'])}."]
         out.append("")
     else:
         out += [m.get("torch_memory_note") or "Not computed in this run.", ""]

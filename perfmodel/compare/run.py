@@ -24,6 +24,7 @@ from perfmodel.compare.matching import (
     Comparison,
     compare,
     steady_staleness,
+    steady_staleness_by_worker,
     steady_throughput,
 )
 from perfmodel.compare.protocol import (
@@ -69,6 +70,8 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
         "memory_parts": {k: float(parts[k]) for k in MEMORY_PARTS},
         "staleness_values": [float(v) for v in tau],
         "staleness_mean": float(tau.mean()) if tau.size else None,
+        "staleness_worker_means": ({str(w): v for w, v in steady_staleness_by_worker(
+            p.result.updates, WARMUP_STEPS).items()} if ps else {}),
         "timeline": timeline(p),
     }
 

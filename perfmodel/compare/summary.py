@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import data_home, load_cluster
-from perfmodel.compare.matching import LARGE_ERROR, Comparison
+from perfmodel.compare.matching import Comparison, counts
 from perfmodel.compare.protocol import WARMUP_STEPS, HeldOut, model_options, scenario_for
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import ddp_memory, fsdp_memory
@@ -54,6 +55,44 @@ def scaling_curves(held_out: Sequence[HeldOut], profile, *, steps: int,
         curves[h.strategy] = {"workers": workers, "throughput": thr, "keys": family,
                               "label": f"{h.workload} b{h.batch}, timed-wait"}
     return curves
+
+
+def memory_twins(held_out: Sequence[HeldOut], predictions: Sequence[dict[str, Any]],
+                 profile, set_a_configs: Sequence[dict[str, Any]], *, seed: int = 0
+                 ) -> dict[str, str]:
+    """Held-out key -> the set-A training run whose modelled per-worker peak memory is the
+    same: same family, workload and workers, and nothing that changes
+    memory in the model (a straggler or a slower link does not). Their memory is in-sample.
+    """
+    twins: dict[str, str] = {}
+    by_key = {p["key"]: p for p in predictions}
+    seen: dict[tuple, dict[str, float]] = {}
+    for c in set_a_configs:
+        kind = c.get("kind")
+        if kind not in ("ddp", "fsdp", "ps") or not c.get("workload"):
+            continue
+        options = dict((c.get("options") or {}).get(kind) or {})
+        strategy = (f"{options.get('mode', 'sync')}-ps" if kind == "ps" else kind)
+        a = HeldOut(key="set-a", what="", strategy=strategy, workload=c["workload"],
+                    workers=int(c["workers"]), batch_size=c.get("batch_size"),
+                    options=options)
+        label = f"{strategy} {a.workload} x{a.workers} b{a.batch}"
+        sig = (a.kind, a.workload, a.workers)
+        if (sig, label) in seen:
+            continue
+        p = predict(a.strategy, scenario_for(a, profile, steps=2, seed=seed),
+                    **model_options(a))
+        w = p.memory["worker"]
+        seen[(sig, label)] = {"peak": float(w.peak_bytes), "label": label}
+    for h in held_out:
+        pred = by_key.get(h.key)
+        if pred is None or h.timed_wait:
+            continue
+        for (sig, label), m in seen.items():
+            if sig == (h.kind, h.workload, h.workers) and math.isclose(
+                    m["peak"], float(pred["peak_memory_bytes"]), rel_tol=1e-9):
+                twins[h.key] = label
+    return twins
 
 
 def timeline_key(rows: Sequence[Comparison]) -> str | None:
@@ -218,84 +257,80 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
 
 def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
                cores: int | None = None, overlap_slowdown: float | None = None) -> list[str]:
-    """Likely causes of the misses, each read off the rows' breakdowns and the machine's
-    load average before each run."""
+    """What the measurements say about the misses: the sign of the errors against the
+    repeats' spread, which part of the step holds the gap (measured breakdown), the load
+    before the runs, memory parts and staleness. Each line states numbers from this run;
+    where they do not establish a cause, the line says the cause is not known. No line is a
+    fixed explanation switched on by a threshold."""
     out = []
-    cores = cores or os.cpu_count() or 1
-    if loads and max(loads) > cores:
-        busy = sum(1 for v in loads if v > cores)
-        out.append(f"the machine was shared: before {busy} of {len(loads)} runs the 1-minute "
-                   f"load average exceeded its {cores} cores (up to {max(loads):.1f}), so "
-                   f"other work took CPU from the measured processes — compute, gloo's copies "
-                   f"and every wake-up stretch by an amount the calibration (measured at "
-                   f"another moment) cannot know.")
+    for scope in ("real", "timed-wait"):
+        chosen = [r for r in rows if r.mode == scope
+                  and r.quantities["step_time"].error is not None]
+        errs = [r.quantities["step_time"].error for r in chosen]
+        spreads = [r.quantities["step_time"].spread for r in chosen
+                   if r.quantities["step_time"].spread is not None]
+        if len(errs) < 2:
+            continue
+        noise = float(np.median(spreads)) if spreads else None
+        same = all(e > 0 for e in errs) or all(e < 0 for e in errs)
+        line = (f"{scope} step time: errors from {min(errs):+.1%} to {max(errs):+.1%} "
+                f"(median |error| {float(np.median(np.abs(errs))):.1%})")
+        line += (f" against a median run-to-run spread of {noise:.1%}" if noise is not None
+                 else "")
+        if same:
+            line += (f"; all {len(errs)} {'over' if errs[0] > 0 else 'under'}-predicted, "
+                     "a bias of the model or its calibration rather than noise")
+        elif noise is not None and float(np.median(np.abs(errs))) <= noise:
+            line += "; of both signs and no larger than the noise"
+        else:
+            line += "; of both signs"
+        out.append(line + ".")
     big = [r for r in rows if r.diagnosis]
-    comm = [r for r in big if "mostly communication" in r.diagnosis]
-    compute = [r for r in big if "mostly compute" in r.diagnosis]
-    if comm:
-        out.append(f"communication + waiting is where the model is wrong in "
-                   f"{', '.join(r.key for r in comm)}.")
-    if compute:
-        out.append(f"compute is where the model is wrong in {', '.join(r.key for r in compute)}.")
-    if any(r.mode == "timed-wait" and r.workers > 2 for r in comm):
-        out.append("the loopback 'link' was calibrated with collectives at 2 ranks (set A); "
-                   "with 4-8 ranks on 2 cores the model stretches collectives by p/c for the "
-                   "shared cores, but not for the memory bandwidth and scheduler wake-ups "
-                   "they share too — calibrating collectives at those rank counts would "
-                   "measure it.")
-    if any(r.strategy == "fsdp" for r in comm):
-        out.append("FSDP on CPU: the measured run times every gloo collective synchronously "
-                   "(measure/runs/fsdp.py), while the model still overlaps reduce-scatters "
-                   "with the rest of backward.")
-    if any(r.mode == "timed-wait" for r in compute):
-        out.append("timed-wait compute: a worker's measured compute exceeds its calibrated "
-                   "waits when it cannot get a core (waking late, or its CPU work between "
-                   "sleeps queued behind other processes); the Sleeper pays back only the CPU "
-                   "time the worker actually got.")
-    real_sync = [r for r in compute if r.mode == "real" and r.strategy in ("ddp", "fsdp")]
-    over = [r.key for r in real_sync
-            if r.predicted_breakdown["compute_s"] > r.measured_breakdown["compute_s"]]
-    under = [r.key for r in real_sync if r.key not in over]
-    slowdown = f" ({overlap_slowdown:.2f}x)" if overlap_slowdown else ""
-    if over:
-        out.append(f"real DDP/FSDP compute over-predicted in {', '.join(over)}: the model "
-                   f"stretches every overlapped pass by the calibrated overlap slowdown"
-                   f"{slowdown}, one factor fitted on set A's DDP runs (mostly cnn-small); "
-                   f"these runs' compute was stretched less.")
-    if under:
-        out.append(f"real DDP/FSDP compute under-predicted in {', '.join(under)}: a training "
-                   f"step adds zero_grad, bucket copies and two processes sharing cores and "
-                   f"memory bandwidth beyond the overlap slowdown{slowdown} fitted on set A.")
-    if any(r.mode == "real" and strategy_records.get(r.strategy).is_ps for r in compute):
-        out.append("real PS compute: the simulator slows no PS worker's compute (nothing "
-                   "overlaps it there), but here each worker shares 2 cores with the other "
-                   "worker and the server process, and its measured compute also holds "
-                   "copying the parameters in and the gradient out (13 MB each for mlp).")
+    for part in ("compute", "communication + waiting"):
+        hit = [r for r in big if f"mostly {part}" in r.diagnosis]
+        if not hit:
+            continue
+        gaps = []
+        for r in hit:
+            p, m = r.predicted_breakdown, r.measured_breakdown
+            a = p["compute_s"] if part == "compute" else p["comm_exposed_s"] + p["wait_s"]
+            b = m["compute_s"] if part == "compute" else m["comm_wait_s"]
+            gaps.append(f"{r.key} (model {a * 1e3:.1f} vs measured {b * 1e3:.1f} ms)")
+        extra = (f"; the model stretches overlapped compute by the calibrated overlap "
+                 f"slowdown {overlap_slowdown:.2f}x" if part == "compute" and
+                 overlap_slowdown and any(r.strategy in ("ddp", "fsdp") for r in hit)
+                 else "")
+        out.append(f"{part} holds the largest gap in {', '.join(gaps)}{extra}. Why that "
+                   f"part differs is not known: the runs record compute and "
+                   f"communication + waiting per step, nothing finer.")
+    if loads:
+        cores = cores or os.cpu_count() or 1
+        own = sorted({r.workers + (1 if strategy_records.get(r.strategy).is_ps else 0)
+                      for r in rows})
+        out.append(f"1-minute load average before the runs: {min(loads):.1f}–"
+                   f"{max(loads):.1f} on {cores} cores, while a run itself starts "
+                   f"{own[0]}–{own[-1]} busy processes: the load average cannot separate "
+                   f"other work from the run's own, so whether other work stretched these "
+                   f"runs is not known.")
     mem = [r for r in rows if r.quantities["peak_memory"].error is not None
-           and abs(r.quantities["peak_memory"].error) > 0.10]
+           and abs(r.quantities["peak_memory"].error) > 0.05 and r.measured_memory_parts]
     for r in mem:
         p, m = r.predicted_memory_parts, r.measured_memory_parts or {}
         part = max(p, key=lambda k: abs(p.get(k, 0) - m.get(k, 0)))
-        known = (" perfmodel/memory.py leaves out FSDP2's flat all-gather output and "
-                 "reduce-scatter input held next to the unsharded parameters (its docstring "
-                 "says so)." if r.strategy == "fsdp" and part == "other" else "")
+        known = (" perfmodel/memory.py's docstring says it leaves out FSDP2's flat "
+                 "all-gather output and reduce-scatter input held next to the unsharded "
+                 "parameters." if r.strategy == "fsdp" and part == "other" else
+                 " Why is not known.")
         out.append(f"peak memory of {r.key} ({r.quantities['peak_memory'].error:+.0%}): the "
                    f"largest gap is in '{part}' (model {p.get(part, 0) / 2**20:.1f} MiB, "
                    f"measured {m.get(part, 0) / 2**20:.1f} MiB).{known}")
-    stale = [r for r in rows if r.quantities["staleness_mean"].error is not None
-             and abs(r.quantities["staleness_mean"].error) > 0.10]
-    if stale:
-        out.append("mean staleness beyond 10 % in " + ", ".join(
-            f"{r.key} (model {r.quantities['staleness_mean'].predicted:.2f}, measured "
-            f"{r.quantities['staleness_mean'].measured:.2f})" for r in stale)
-            + "; staleness.png shows where the distributions differ (the breakdowns here "
-              "do not explain it).")
-    spreads = [r.quantities["step_time"].spread for r in rows
-               if r.quantities["step_time"].spread is not None]
-    if spreads and float(np.median(spreads)) > 0.05:
-        out.append(f"the measurement's own run-to-run spread of step time (median "
-                   f"{float(np.median(spreads)):.1%} between repeats) is as large as the 5 % "
-                   f"target.")
-    if any(abs(r.quantities["step_time"].error or 0) > LARGE_ERROR for r in rows) and not out:
-        out.append("see the per-configuration diagnosis below.")
+    for r in rows:
+        err, _ = counts(r, "staleness_mean")
+        if err is None or abs(err) <= 0.10:
+            continue
+        q = r.quantities["staleness_mean"]
+        out.append(f"staleness of {r.key} off by {err:+.0%} (mean: model {q.predicted:.2f}, "
+                   f"measured {q.measured:.2f}; W1 {r.staleness_w1:.2f} versions); the "
+                   f"cause is not known (staleness.png shows where the distributions "
+                   f"differ).")
     return out

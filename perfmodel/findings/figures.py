@@ -55,10 +55,20 @@ def speedup_figure(path: Path, speedup: Speedup) -> Path:
 
 
 def memory_figure(path: Path, memory: Memory) -> Path:
+    """Per cluster: DDP and FSDP peak per device by part, the device's capacity (solid) and
+    what tensors may use (dashed, cluster.py's usable-memory rule); a bar above the dashed
+    line does not fit and is marked. One y scale for every panel, so an A10G's 24 GiB and an
+    A100's 80 GiB look as different as they are."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CLUSTERS), figsize=(12, 4.5), sharey=False)
+    from perfmodel.cluster import load_cluster
+
+    devices = {c: load_cluster(c).device for c in CLUSTERS}
+    top = max(d.memory_GiB for d in devices.values()) * 1.12
+    fig, axes = plt.subplots(1, len(CLUSTERS), figsize=(12, 4.8), sharey=True)
     for ax, cluster in zip(axes, CLUSTERS, strict=True):
+        dev = devices[cluster]
+        usable = dev.usable_memory_bytes / GIB
         mems = [(w, pair) for (c, w, n), pair in memory.pairs.items()
                 if c == cluster and n == MEMORY_WORKERS[0]]
         x = np.arange(2 * len(mems))
@@ -68,34 +78,52 @@ def memory_figure(path: Path, memory: Memory) -> Path:
                              for m in (pair.ddp, pair.fsdp)])
             ax.bar(x, vals, bottom=bottoms, label=part.removesuffix("_bytes"))
             bottoms += vals
+        for xi, total in zip(x, bottoms, strict=True):
+            if total > usable:
+                ax.bar(xi, total, fill=False, edgecolor="red", lw=2, hatch="xx")
+                ax.text(xi, total + 0.8, "does not fit", ha="center", fontsize=8,
+                        color="red")
+        ax.axhline(dev.memory_GiB, color="black", lw=1.5,
+                   label=f"device capacity {dev.memory_GiB:g} GiB")
+        ax.axhline(usable, color="black", ls="--", lw=1,
+                   label=f"usable by tensors {usable:.1f} GiB")
         labels = [f"{w}\n{s}" for w, _ in mems for s in ("DDP", "FSDP")]
         ax.set_xticks(x, labels, fontsize=8)
-        ax.set_ylabel("peak GiB per device")
-        ax.set_title(f"{cluster}, {MEMORY_WORKERS[0]} workers (spec-derived)")
-    axes[0].legend(fontsize=8)
+        ax.set_ylim(0, top)
+        ax.set_title(f"{cluster} ({dev.name}, "
+                     f"{dev.memory_GiB:g} GiB), {MEMORY_WORKERS[0]} workers (spec-derived)",
+                     fontsize=10)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel("peak GiB per device")
     return _save(fig, path)
 
 
 def saving_figure(path: Path, saving: Saving) -> Path:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for (cluster, label), sv in saving.savings.items():
         ax.plot(ASYNC_WORKERS, [100 * v for v in sv], marker="o", label=f"{cluster}: {label}")
     ax.axhline(28, color="tab:orange", ls="--", label="study: up to 28 %")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers")
     ax.set_ylabel("async-ps time saving vs sync-ps (%)")
+    ax.set_title("async PS against sync PS: time saved per sample", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
 def accuracy_figure(path: Path, acc: AccuracyPenalty) -> Path:
-    """Left: harness learning curves against the model's; right: penalty against τ."""
+    """Left: harness learning curves against the model's; then the penalty against τ, one
+    panel per mitigation (the learning rates in colour), so no two series share a panel's
+    points."""
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    mitigations = sorted({p.mitigation for p in acc.points if p.mitigation != "dc"})
+    fig, axes = plt.subplots(1, 1 + len(mitigations), figsize=(6 + 5 * len(mitigations), 6.2),
+                             gridspec_kw={"width_ratios": [1.15] + [1] * len(mitigations)})
+    ax1 = axes[0]
     model, data = acc.model, acc.runs
     s = model.setting("momentum", 0.01)
     u = np.linspace(0, s.budget_updates, 101)
@@ -109,38 +137,42 @@ def accuracy_figure(path: Path, acc: AccuracyPenalty) -> Path:
         cost = staleness_cost(taus, optimizer="momentum", lr=s.lr, model=model,
                               mitigation="staleness-aware")
         color = f"C{i}"
-        ax1.plot(run["eval_updates"], [100 * a for a in run["accuracy"]], "o", color=color,
-                 label=f"harness {name} (mean τ {cost.mean_staleness:.1f})")
+        ax1.plot(run["eval_updates"], [100 * a for a in run["accuracy"]], "o", ms=4,
+                 color=color, label=f"harness {name} (mean τ {cost.mean_staleness:.1f})")
         if cost.divergence_risk != "unstable":
             ax1.plot(u, 100 * s.curve.accuracy(u * cost.worth), "--", color=color)
     ax1.set_xlabel("updates (batch 64)")
     ax1.set_ylabel("test accuracy (%)")
-    ax1.set_title("mlp on digits, momentum lr 0.01, staleness-aware: harness (dots) vs "
-                  "model (dashed)", fontsize=9)
-    ax1.legend(fontsize=8)
-    pairs = sorted({(p.setting, p.mitigation) for p in acc.points if p.mitigation != "dc"})
-    for j, (setting, mitigation) in enumerate(pairs):
-        pts = sorted((p for p in acc.points if p.setting == setting
-                      and p.mitigation == mitigation), key=lambda p: p.mean_staleness)
-        steady = [p for p in pts if not p.observed_unstable]
-        ax2.scatter([p.mean_staleness for p in steady], [p.observed_points for p in steady],
-                    color=f"C{j}", label=f"{setting}, {mitigation}")
-        shaky = [p for p in pts if p.observed_unstable]
-        ax2.scatter([p.mean_staleness for p in shaky], [p.observed_points for p in shaky],
-                    marker="x", color=f"C{j}")
-        held = [p for p in pts if p.held_out]
-        ax2.scatter([p.mean_staleness for p in held], [p.observed_points for p in held],
-                    s=130, facecolors="none", edgecolors="black")
-        modelled = [p for p in pts if not p.model_unstable]
-        ax2.plot([p.mean_staleness for p in modelled], [p.model_points for p in modelled],
-                 "--", color=f"C{j}")
-    ax2.axhspan(4, 17, color="tab:orange", alpha=0.15, label="study: 4–17 %")
-    ax2.set_xscale("symlog", linthresh=1)
-    ax2.set_xlabel("mean staleness τ")
-    ax2.set_ylabel("accuracy penalty at the setting's budget (points)")
-    ax2.set_title("observed (dots; x = unstable; circled = held out)\nvs model (dashed, "
-                  "where it predicts a stable run)", fontsize=9)
-    ax2.legend(fontsize=7)
+    ax1.set_title("momentum lr 0.01, staleness-aware:\nharness (dots) vs model (dashed)",
+                  fontsize=10)
+    ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    settings = sorted({p.setting for p in acc.points if p.mitigation != "dc"})
+    for ax, mitigation in zip(axes[1:], mitigations, strict=True):
+        for j, setting in enumerate(settings):
+            pts = sorted((p for p in acc.points if p.setting == setting
+                          and p.mitigation == mitigation), key=lambda p: p.mean_staleness)
+            steady = [p for p in pts if not p.observed_unstable]
+            ax.scatter([p.mean_staleness for p in steady], [p.observed_points for p in steady],
+                       color=f"C{j}", s=30, label=f"{setting}: observed")
+            shaky = [p for p in pts if p.observed_unstable]
+            ax.scatter([p.mean_staleness for p in shaky], [p.observed_points for p in shaky],
+                       marker="x", s=40, color=f"C{j}")
+            held = [p for p in pts if p.held_out]
+            ax.scatter([p.mean_staleness for p in held], [p.observed_points for p in held],
+                       s=140, facecolors="none", edgecolors="black", lw=0.8)
+            modelled = [p for p in pts if not p.model_unstable]
+            ax.plot([p.mean_staleness for p in modelled], [p.model_points for p in modelled],
+                    "--", color=f"C{j}", label=f"{setting}: model")
+        ax.axhspan(4, 17, color="tab:orange", alpha=0.15, label="study: 4–17 %")
+        ax.scatter([], [], marker="x", color="grey", label="observed unstable")
+        ax.scatter([], [], s=140, facecolors="none", edgecolors="black", label="held out")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("mean staleness τ")
+        ax.set_ylabel("accuracy penalty at the budget (points)")
+        ax.set_ylim(-3, 100)
+        ax.set_title(f"mitigation: {mitigation}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return _save(fig, path)
 
 
@@ -148,7 +180,7 @@ def measured_figure(path: Path, measured: MeasuredPs) -> Path:
     import matplotlib.pyplot as plt
 
     found = measured.runs
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(found) + 3), 5))
     x = np.arange(len(found))
     stable = [i for i, f in enumerate(found) if f.divergence_risk != "unstable"]
     ax.errorbar(x[stable], [100 * found[i].predicted_accuracy for i in stable],
@@ -158,10 +190,12 @@ def measured_figure(path: Path, measured: MeasuredPs) -> Path:
     ax.scatter(x[shaky], [100 * found[i].accuracy for i in shaky], s=200, marker="s",
                facecolors="none", edgecolors="tab:grey", label="predicted unstable")
     ax.plot(x, [100 * f.accuracy for f in found], "o", color="tab:red", label="measured")
-    ax.set_xticks(x, [f"run {f.run_id}\n{f.workers} workers\n{f.protocol}" for f in found],
-                  fontsize=8)
+    ax.set_xticks(x, [f"run {f.run_id}, {f.workers} workers, {f.protocol}" for f in found],
+                  fontsize=8, rotation=30, ha="right")
     ax.set_ylabel("test accuracy (%)")
-    ax.legend()
+    ax.set_title("Real async/SSP PS runs (mlp): measured accuracy against the predicted band",
+                 fontsize=10)
+    ax.legend(fontsize=8)
     return _save(fig, path)
 
 

@@ -61,9 +61,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from heapq import heappush
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, Event
 
 from perfmodel import memory as memory_model
 from perfmodel.errors import PerfmodelError
@@ -71,7 +72,7 @@ from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import psnet
 from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
-from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
+from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord, maker
 from perfmodel.sim.scenario import Scenario
 
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
@@ -175,9 +176,17 @@ class _Server:
 
 def _fire_at(env: simpy.Environment, event: simpy.Event, at_s: float, value=None) -> None:
     """Trigger `event` at time `at_s` >= now: a Timeout's mechanics on an event a process
-    already waits on, so a whole transfer or exchange costs the waiter one event."""
+    already waits on, so a whole transfer or exchange costs the waiter one event.
+    (`Environment.schedule` inlined, with its arithmetic: the time is now + (at_s - now).)"""
     event._ok, event._value = True, value
-    env.schedule(event, NORMAL, at_s - env.now)
+    now = env._now
+    heappush(env._queue, (now + (at_s - now), NORMAL, next(env._eid), event))
+
+
+# The records, built with their slots set directly: the frozen dataclasses' __init__ sets
+# each field through object.__setattr__, 2-3x slower, and a 4096-worker run makes 330,000.
+_step_record, _update_record, _comm_record = maker(StepRecord), maker(UpdateRecord), \
+    maker(CommRecord)
 
 
 class _PSRun:
@@ -205,12 +214,16 @@ class _PSRun:
                 k, share, optimizer_seconds(cluster, wl, share / wl.params) + dc_passes * passes_s,
                 passes_s))
         self.server0 = self.servers[0]
+        self.nservers = len(self.servers)
         self.pull_bytes = [s.shard_params * param_bytes for s in self.servers]
         self.push_bytes = [s.shard_params * grad_bytes for s in self.servers]
-        self.routes: dict[tuple, tuple] = {}     # (worker, server position, kind) -> route
-        self.link_free: dict[int, float] = {}    # link direction (psnet.Layout) -> free from
+        # (worker x servers + server position) -> route, per kind; filled on first use
+        self.pull_routes: list[tuple | None] = [None] * (self.workers * self.nservers)
+        self.push_routes: list[tuple | None] = [None] * (self.workers * self.nservers)
+        # link direction (psnet.Layout's pool index) -> when it is free
+        self.link_free = [0.0] * len(self.layout.pool_bandwidth_Bps)
         self.server_names = [f"server{s.index}" for s in self.servers]
-        self.service = service or (lambda mean_s: mean_s)
+        self.service = service          # None: every transfer and apply takes its mean
         nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal)
         self.budget = scenario.workers * scenario.steps     # async/ssp: shared mini-batches
@@ -227,7 +240,7 @@ class _PSRun:
             self.env.process(worker(w))
         with quiet_gc():
             self.env.run()
-        comms = tuple(CommRecord(*row) for row in self.comm_rows)
+        comms = tuple(_comm_record(*row) for row in self.comm_rows)
         return SimResult(steps=tuple(self.step_records), updates=tuple(self.update_records),
                          comms=comms, events=self.env.events, notes=notes)
 
@@ -235,22 +248,16 @@ class _PSRun:
 
     def _route(self, w: int, i: int, kind: str) -> tuple:
         """(sender's link direction, receiver's, seconds at full bandwidth, latency, bytes)."""
-        key = (w, i, kind)
-        route = self.routes.get(key)
-        if route is None:
-            r = self.layout.route(w, self.servers[i].index, kind)
-            nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
-            if r.link is None or nbytes <= 0:          # same device: no link at all
-                route = (None, None, 0.0, 0.0, nbytes)
-            else:
-                seconds = psnet.work_bytes(r.link, nbytes) / (r.link.bandwidth_GBps * 1e9)
-                route = (r.pools[0], r.pools[1], seconds, r.latency_s, nbytes)
-            self.routes[key] = route
-        return route
+        r = self.layout.route(w, self.servers[i].index, kind)
+        nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
+        if r.link is None or nbytes <= 0:          # same device: no link at all
+            return (None, None, 0.0, 0.0, nbytes)
+        seconds = psnet.work_bytes(r.link, nbytes) / (r.link.bandwidth_GBps * 1e9)
+        return (r.pools[0], r.pools[1], seconds, r.latency_s, nbytes)
 
-    def send(self, w: int, i: int, kind: str, delivered: Callable[[float], None]) -> None:
-        """Carry one message between worker w and server position i; call `delivered(at)`
-        now with the time it arrives.
+    def send(self, w: int, i: int, kind: str, routes: list) -> float:
+        """Carry one message between worker w and server position i (`routes`: this kind's
+        cache); the time it arrives.
 
         Every link direction (a NIC's out or in, a device link's out or in) carries one
         message at a time, first come first served: a NIC sends the messages posted by its
@@ -261,78 +268,78 @@ class _PSRun:
         tighter (busier) side decides. All of it is arithmetic on when each direction is
         free: a transfer costs no event of its own.
         """
-        out, into, seconds, latency, nbytes = self._route(w, i, kind)
-        now, free = self.env.now, self.link_free
+        key = w * self.nservers + i
+        route = routes[key]
+        if route is None:
+            route = routes[key] = self._route(w, i, kind)
+        out, into, seconds, latency, nbytes = route
+        now = self.env._now
         at = now
         if out is not None:
-            carry_s = self.service(seconds)
-            sent = max(now, free.get(out, 0.0)) + carry_s
-            received = max(now, free.get(into, 0.0)) + carry_s
+            carry_s = seconds if self.service is None else self.service(seconds)
+            free = self.link_free
+            f = free[out]
+            sent = (f if f > now else now) + carry_s            # max(now, free from)
+            f = free[into]
+            received = (f if f > now else now) + carry_s
             free[out], free[into] = sent, received
-            at = max(sent, received) + latency
+            at = (received if received > sent else sent) + latency
         self.comm_rows.append((kind, w, now, at, nbytes, self.server_names[i]))
-        delivered(at)
+        return at
+
+    def _service(self, mean_s: float) -> float:
+        return mean_s if self.service is None else self.service(mean_s)
 
     # -- the worker's phases -------------------------------------------------------------
 
     def pulling(self, w: int) -> simpy.Event:
         """Every shard's parameters to worker w; fires when the last has arrived."""
-        done, env = self.env.event(), self.env
-        state = [len(self.servers), env.now]           # shards to come, latest arrival
-
-        def arrived(at: float):
-            state[0] -= 1
-            state[1] = max(state[1], at)
-            if state[0] == 0:
-                _fire_at(env, done, state[1])
-
-        for i in range(len(self.servers)):
-            self.send(w, i, "pull", arrived)
+        env = self.env
+        done = Event(env)
+        latest, routes = env._now, self.pull_routes
+        for i in range(self.nservers):
+            at = self.send(w, i, "pull", routes)
+            if at > latest:
+                latest = at
+        _fire_at(env, done, latest)
         return done
 
     def applying(self, w: int) -> simpy.Event:
         """async: push every shard, each applied on arrival (FCFS); fires when every server
         has applied it, with (last arrival, server 0's version it was applied to)."""
-        done, env = self.env.event(), self.env
-        state = [len(self.servers), env.now, env.now, 0]   # to come, arrival, end, version
-
-        def make(server: _Server):
-            def arrived(at: float):
-                end, version = server.apply(at, self.service(server.apply_s))
-                if server is self.server0:
-                    state[3] = version
-                state[0] -= 1
-                state[1], state[2] = max(state[1], at), max(state[2], end)
-                if state[0] == 0:
-                    _fire_at(env, done, state[2], (state[1], state[3]))
-            return arrived
-
+        env = self.env
+        done = Event(env)
+        arrival = last_end = env._now
+        version0, routes = 0, self.push_routes
         for i, server in enumerate(self.servers):
-            self.send(w, i, "push", make(server))
+            at = self.send(w, i, "push", routes)
+            end, version = server.apply(at, self._service(server.apply_s))
+            if i == 0:
+                version0 = version
+            if at > arrival:
+                arrival = at
+            if end > last_end:
+                last_end = end
+        _fire_at(env, done, last_end, (arrival, version0))
         return done
 
     def accumulating(self, w: int) -> tuple[simpy.Event, list[float]]:
         """sync: push every shard; each server sums it in (FCFS) and, with all N gradients
         of the step, applies the optimizer once. Returns (the step's barrier, [last arrival])."""
-        pushed = [self.env.now]
-        left = [len(self.servers)]
-
-        def make(server: _Server):
-            def arrived(at: float):
-                pushed[0] = max(pushed[0], at)
-                left[0] -= 1
-                server.busy_until = (max(at, server.busy_until)
-                                     + self.service(server.accumulate_s))
-                server.arrived += 1
-                if server.arrived == self.workers:
-                    server.arrived = 0
-                    end, _ = server.apply(server.busy_until, self.service(server.apply_s))
-                    self._release(end)
-            return arrived
-
-        barrier = self.barrier
+        pushed = [self.env._now]
+        barrier, routes = self.barrier, self.push_routes
         for i, server in enumerate(self.servers):
-            self.send(w, i, "push", make(server))
+            at = self.send(w, i, "push", routes)
+            if at > pushed[0]:
+                pushed[0] = at
+            busy = server.busy_until
+            server.busy_until = ((at if at > busy else busy)      # max(at, busy until)
+                                 + self._service(server.accumulate_s))
+            server.arrived += 1
+            if server.arrived == self.workers:
+                server.arrived = 0
+                end, _ = server.apply(server.busy_until, self._service(server.apply_s))
+                self._release(end)
         return barrier, pushed
 
     def _release(self, end_s: float) -> None:
@@ -380,13 +387,12 @@ class _PSRun:
             self._record(w, step, ready, t_pull, t_compute, t_push, pushed[0], read, applied)
 
     def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied):
-        end = self.env.now
-        self.step_records.append(StepRecord(
-            worker=w, step=step, start_s=ready, end_s=end, compute_s=t_push - t_compute,
-            comm_exposed_s=(t_compute - t_pull) + (pushed - t_push),
-            wait_s=(t_pull - ready) + (end - pushed)))
-        self.update_records.append(UpdateRecord(worker=w, step=step, version_read=read,
-                                                version_applied=applied, time_s=end))
+        end = self.env._now
+        self.step_records.append(_step_record(        # worker, step, start_s, end_s,
+            w, step, ready, end, t_push - t_compute,  # compute_s, comm_exposed_s, wait_s
+            (t_compute - t_pull) + (pushed - t_push), (t_pull - ready) + (end - pushed)))
+        self.update_records.append(_update_record(    # version_read, version_applied, time
+            w, step, read, applied, end))
 
     # -- SSP clocks ----------------------------------------------------------------------
 

@@ -17,6 +17,24 @@ MIN_SPEED, MAX_SPEED = 1e-3, 1e3
 MAX_JITTER_CV = 10.0            # lognormal CV; 10 already puts 1 % of steps above 148x the median
 
 
+def parse_speeds(text: str, workers: int) -> tuple[float, ...]:
+    """Relative worker speeds from "1,1,0.5" (one per worker; 1 = nominal, 0.5 = half speed),
+    each finite and in [MIN_SPEED, MAX_SPEED]: the one parser of --speed, for predictions and
+    real runs alike."""
+    try:
+        values = tuple(float(s) for s in text.split(","))
+    except ValueError:
+        raise PerfmodelError(f"--speed '{text}' is not a comma-separated list of numbers"
+                             ) from None
+    if len(values) != workers:
+        raise PerfmodelError(f"--speed lists {len(values)} workers but --workers is {workers}")
+    for v in values:
+        if not MIN_SPEED <= v <= MAX_SPEED:               # False for NaN too
+            raise PerfmodelError(f"speed factor {v} is outside [{MIN_SPEED:g}, {MAX_SPEED:g}] "
+                                 "(1 = nominal, 0.5 = half speed)")
+    return values
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scenario:
     cluster: ClusterProfile
