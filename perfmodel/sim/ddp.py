@@ -163,7 +163,7 @@ class DDP:
 
         def reducer(issue: np.ndarray):
             """The communication stream: all-reduce each bucket once every rank has it."""
-            for b, bucket in enumerate(buckets):
+            for b in range(len(buckets)):
                 if issue[b] > env.now:
                     yield env.timeout(issue[b] - env.now)
                 yield from link.transfer("all-reduce", -1, wire_bytes[b], durations[b])

@@ -6,7 +6,8 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   forward; full-shard frees them afterwards (reshard_after_forward=True);
 - backward (reverse order): full-shard all-gathers the unit again before its backward;
   grad-op (reshard_after_forward=False, ZeRO-2-like) keeps them and skips that all-gather;
-  after the unit's backward its gradients (params x reduce_bytes: reduce_dtype) are reduce-scattered;
+  after the unit's backward its gradients (params x reduce_bytes: reduce_dtype) are
+  reduce-scattered;
 - prefetch k: the all-gather of the unit k places ahead is issued when a unit's compute
   starts, so it overlaps that compute (k = 0: issued when the previous unit's compute ends;
   FSDP1's BACKWARD_PRE / forward_prefetch, FSDP2's implicit prefetching);
