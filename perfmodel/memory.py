@@ -15,9 +15,9 @@ Sources:
   buckets are flat tensors covering every gradient, one extra gradient-sized copy.
 
 Accounting conventions (the same for every strategy):
-- `params_bytes` is the copy used in forward/backward (workload precision's param bytes).
-- `optimizer_bytes` holds the fp32 master weights of mixed precision *and* the optimizer
-  state (momentum; Adam's two moments), as ZeRO's "K" term does.
+- `params_bytes` is the stored copy (4 bytes under fp32/tf32 and autocast, 2 under pure bf16).
+- `optimizer_bytes` holds pure bf16's fp32 master weights *and* the optimizer state
+  (momentum; Adam's two moments), as ZeRO's "K" term does.
 - Activations = Σ unit.activation_bytes_per_sample × batch size; FSDP does not shard them.
 - `framework_bytes` is the profile's device.framework_overhead_GiB (CUDA context, workspaces);
   capacity is the device's less its allocator reserve, so a peak over capacity is a peak
@@ -25,8 +25,8 @@ Accounting conventions (the same for every strategy):
 
 This is an analytic peak, not an allocator trace: it ignores fragmentation, the allocator's
 caching, temporary tensors inside kernels and collectives, and padding of shards to a
-multiple of N. It also counts every gradient as alive with everything else (ZeRO's
-convention), although zero_grad(set_to_none=True) frees them between steps.
+multiple of N. The peak is taken at two moments of a step (_peak): the start of backward
+(no gradients, zero_grad(set_to_none=True)) and the end of backward (no activations).
 
 Checked against torch 2.13's own trackers on CPU (8 x Linear(1024, 1024), fp32 Adam, batch
 64; `MemTracker` with DDP on 1 gloo rank, `FSDPMemTracker` with FSDP2 under FakeTensorMode):
