@@ -121,7 +121,9 @@ def predict_point(point: PublishedPoint, cluster: ClusterProfile | None = None
                   ) -> PointPrediction:
     """perfmodel's throughput for `point` on `cluster` (default: the point's profile)."""
     cluster = cluster or load_cluster(point.cluster)
-    workload = load_workload(point.workload).with_precision(point.precision)
+    # the point's own recipe: its precision and its activation checkpointing (recompute)
+    workload = (load_workload(point.workload).with_precision(point.precision)
+                .with_checkpointing(point.activation_checkpointing))
     scenario = Scenario(cluster=cluster, workload=workload, workers=point.gpus,
                         batch_size=point.batch_per_gpu, steps=4, warmup_steps=1,
                         jitter="none")

@@ -39,22 +39,40 @@ def user_workload_dir() -> Path:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Precision:
-    """Bytes per parameter of each model-state part (ZeRO, Rajbhandari et al. 2020, sec. 3)."""
+    """Bytes per parameter or element of each part, as the torch 2.13 recipe keeps them.
 
-    param_bytes: int        # the copy used in forward/backward
-    grad_bytes: int
-    master_bytes: int       # fp32 master weights kept by mixed precision (0 for fp32)
+    - fp32 / tf32: everything 4 bytes.
+    - bf16-mixed / fp16-mixed: `torch.autocast` (DDP, PS) keeps fp32 parameters, gradients
+      and DDP buckets, all-reduces 4 bytes a parameter and caches the 2-byte weight copies
+      it makes during the step; FSDP2 MixedPrecisionPolicy(param_dtype=bf16,
+      reduce_dtype=fp32) keeps fp32 sharded parameters and gradients, all-gathers 2 bytes
+      and reduce-scatters 4 (the project's own FSDP run reduces in fp32).
+    - bf16 ("pure", Megatron-style): bf16 parameters and gradients, fp32 master weights in
+      the optimizer, 2-byte all-reduce.
+    """
+
+    param_bytes: int        # the stored parameters (the optimizer updates these, or master)
+    grad_bytes: int         # .grad and DDP's bucket
+    master_bytes: int       # fp32 master weights kept by pure bf16 (0 otherwise)
+    compute_bytes: int      # matmul inputs, activations, FSDP's all-gathered parameters
+    reduce_bytes: int       # one gradient element all-reduced / reduce-scattered
+    autocast: bool          # torch.autocast (DDP, PS): bf16 weight cache during the step
     compute_key: str        # which peak in the cluster profile applies
 
 
 PRECISIONS = {
-    "fp32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_key="fp32"),
-    "tf32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_key="tf32"),
-    # "pure" bf16 (Megatron-style, Composer PURE): bf16 params and grads, fp32 master copy.
-    "bf16": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="bf16"),
-    "bf16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="bf16"),
-    "fp16-mixed": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_key="fp16"),
+    "fp32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_bytes=4,
+                      reduce_bytes=4, autocast=False, compute_key="fp32"),
+    "tf32": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_bytes=4,
+                      reduce_bytes=4, autocast=False, compute_key="tf32"),
+    "bf16-mixed": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_bytes=2,
+                            reduce_bytes=4, autocast=True, compute_key="bf16"),
+    "fp16-mixed": Precision(param_bytes=4, grad_bytes=4, master_bytes=0, compute_bytes=2,
+                            reduce_bytes=4, autocast=True, compute_key="fp16"),
+    "bf16": Precision(param_bytes=2, grad_bytes=2, master_bytes=4, compute_bytes=2,
+                      reduce_bytes=2, autocast=False, compute_key="bf16"),
 }
+CHECKPOINTING = ("none", "full", "selective")
 # Optimizer state in fp32 per parameter: momentum buffer; Adam's first and second moments.
 OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
 
@@ -71,8 +89,7 @@ class Unit:
     forward_kernels: int = 0
     # Memory (measure/make_workloads.py): the unit's output (what checkpointing keeps of the
     # next unit; an LM head's logits), and the saved and output bytes again under autocast
-    # with fp32 parameters, with the bf16 weight copies autocast makes in the unit. Read,
-    # not yet used by perfmodel/memory.py (branch gpu-memory-wip uses them).
+    # with fp32 parameters, with the bf16 weight copies autocast makes in the unit.
     output_bytes_per_sample: float = 0.0
     autocast_activation_bytes_per_sample: float = 0.0
     autocast_output_bytes_per_sample: float = 0.0
@@ -90,6 +107,7 @@ class Workload:
     units: tuple[Unit, ...]
     path: Path
     activation_element_bytes: int = 2   # element size the bytes were counted at
+    activation_checkpointing: str = "none"   # none | full | selective (checkpointed())
     # the accuracy model that applies (perfmodel/accuracy/lookup.py): a model name or a path;
     # "" = the one named like the workload, if any
     accuracy_model: str = ""
@@ -100,6 +118,22 @@ class Workload:
             raise PerfmodelError(f"unknown precision '{precision}'; choose from "
                                  f"{', '.join(PRECISIONS)}")
         return replace(self, precision=precision)
+
+    def with_checkpointing(self, mode: str) -> Workload:
+        """This workload with activation checkpointing (perfmodel's --activation-checkpointing)."""
+        if mode not in CHECKPOINTING:
+            raise PerfmodelError(f"unknown activation checkpointing '{mode}'; choose from "
+                                 f"{', '.join(CHECKPOINTING)}")
+        return replace(self, activation_checkpointing=mode)
+
+    def checkpointed(self, index: int) -> bool:
+        """Whether unit `index` runs under activation checkpointing. The first and last units
+        (embeddings or stem, head with the loss) never do; `full` checkpoints every unit
+        between them, `selective` every other one (0th, 2nd, ...: torchtitan's selective
+        layer checkpointing at frequency 2, about half the memory and half the recompute)."""
+        if self.activation_checkpointing == "none" or not 0 < index < len(self.units) - 1:
+            return False
+        return self.activation_checkpointing == "full" or (index - 1) % 2 == 0
 
     @property
     def element_bytes(self) -> int:
@@ -116,12 +150,12 @@ class Workload:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of the parameters as communicated (gradients have the same size)."""
+        """Bytes of the stored parameters (what a checkpoint or a broadcast moves)."""
         return self.params * self.precision_spec.param_bytes
 
     @property
     def model_state_bytes_per_param(self) -> int:
-        """16 for mixed-precision Adam, 16 for fp32 Adam (ZeRO's K + 4)."""
+        """16 for Adam at every precision: autocast 4 + 4 + 8, pure bf16 2 + 2 + 4 + 8."""
         p = self.precision_spec
         return p.param_bytes + p.grad_bytes + p.master_bytes + OPTIMIZER_STATE_BYTES[self.optimizer]
 

@@ -21,6 +21,8 @@ def make_workload(*, units: int = 4, params_per_unit: int = 1_000_000,
                          activation_bytes_per_sample=activation_bytes_per_sample)
                     for i in range(units)),
         path=Path("synthetic.toml"),
+        # the bytes above are at the workload's precision, as a workload file's default
+        activation_element_bytes=4 if precision in ("fp32", "tf32") else 2,
     )
 
 

@@ -1,8 +1,8 @@
 """`perfmodel recommend`: the decision framework of DESIGN.md turned into numbers.
 
 Checked (issues 6 and 16): DDP on a homogeneous a100 cluster with a model that fits; FSDP when
-the memory budget excludes DDP (gpt2-xl on a100 with 20 GiB: ZeRO-3 shards the 16Ψ model
-state, Rajbhandari et al. 2020); with one worker at 0.1 speed among 8, a straggler-aware
+the memory budget excludes DDP (gpt2-xl on a100-80gb with 20 GiB: ZeRO-3 shards the 16Ψ
+model state, Rajbhandari et al. 2020); with one worker at 0.1 speed among 8, a straggler-aware
 variant or a PS mode, never plain DDP over all 8; ranked by throughput where no accuracy
 model applies (resnet50, gpt2-xl) and by time to target where one does (mlp) — each decision
 backed by the numbers the recommendation prints.
@@ -73,7 +73,11 @@ def test_homogeneous_with_an_accuracy_model_ranks_by_time():
 
 
 def test_fsdp_when_the_memory_budget_excludes_ddp():
-    rec = recommend(scenario("gpt2-xl", workers=8), memory_budget_GiB=GPT2_BUDGET_GIB)
+    # On the 80 GB A100: under autocast gpt2-xl DDP at batch 4 needs ~40 GiB (16Ψ state, a
+    # 4-byte bucket, the bf16 weight cache and activations), over the 40 GB card's usable
+    # memory (issue 12's target), so only the larger card shows the budget binding alone.
+    rec = recommend(scenario("gpt2-xl", workers=8, cluster="a100-80gb"),
+                    memory_budget_GiB=GPT2_BUDGET_GIB)
     ddp = by_label(rec)["ddp"]
     assert not ddp.fits and ddp.peak_GiB > GPT2_BUDGET_GIB
     assert rec.choice is not None and rec.choice.strategy == "fsdp"
@@ -81,7 +85,7 @@ def test_fsdp_when_the_memory_budget_excludes_ddp():
     memory_line = next(line for line in rec.reasons if line.startswith("Memory binds"))
     assert f"{ddp.peak_GiB:.1f} GiB" in memory_line
     # The same model with the whole device fits DDP: the budget made the difference.
-    assert by_label(recommend(scenario("gpt2-xl", workers=8)))["ddp"].fits
+    assert by_label(recommend(scenario("gpt2-xl", workers=8, cluster="a100-80gb")))["ddp"].fits
 
 
 def test_one_straggler_among_8_is_not_plain_ddp_over_all_8():

@@ -14,7 +14,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim.scenario import JITTER_KINDS, MAX_JITTER_CV, Scenario
 from perfmodel.sim.scenario import parse_speeds as scenario_speeds
-from perfmodel.workload import load_workload
+from perfmodel.workload import CHECKPOINTING, PRECISIONS, load_workload
 
 
 class Finite(click.FloatRange):
@@ -57,6 +57,16 @@ def scenario_options(f):
                           "exponential (CV 1) or none."),
         click.option("--jitter-cv", type=Finite(0, MAX_JITTER_CV), default=None,
                      help="Coefficient of variation of lognormal jitter [default: profile's]."),
+        click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
+                     help="fp32, tf32, bf16-mixed / fp16-mixed (torch.autocast with DDP and "
+                          "PS, MixedPrecisionPolicy(bf16, fp32 reduce) with FSDP) or bf16 "
+                          "(pure bf16: bf16 params and grads, fp32 master weights) "
+                          "[default: the workload's]."),
+        click.option("--activation-checkpointing", type=click.Choice(list(CHECKPOINTING)),
+                     default="none", show_default=True,
+                     help="full: every unit between the first and the last keeps only its "
+                          "input and replays its forward in backward; selective: every other "
+                          "one of them."),
         click.option("--max-events", type=Finite(1), default=budget.DEFAULT_MAX_EVENTS,
                      show_default=True,
                      help="Refuse a simulation estimated above this many events (a guard "
@@ -78,6 +88,9 @@ def strategy_options(f):
         click.option("--allreduce", type=click.Choice(["auto", "ring", "tree"]), default=None,
                      help="ddp: all-reduce algorithm; auto takes the faster per bucket, as "
                           "NCCL's tuner does [auto]."),
+        click.option("--grad-compression", type=click.Choice(["none", "bf16"]), default=None,
+                     help="ddp: bf16_compress_hook, all-reducing 2 bytes a gradient instead "
+                          "of the reduce dtype's (4 under autocast) [none]."),
         click.option("--variant", type=click.Choice(["full-shard", "grad-op"]), default=None,
                      help="fsdp: full-shard (ZeRO-3) or grad-op (ZeRO-2-like) [full-shard]."),
         click.option("--prefetch", type=click.IntRange(0), default=None,
@@ -186,7 +199,8 @@ def pop_elastic_options(kwargs: dict[str, Any], workers: int, strategy: str | No
 # The strategy options strategy_options() defines, in strategies.all_option_names()' order
 # (tests/test_cli.py checks they agree): naming them here spares predict importing every
 # strategy's simulator (DDP, FSDP and PS modules) just to learn their option names.
-STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "variant",
+STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "grad_compression",
+                         "variant",
                          "prefetch", "servers", "server_placement", "staleness_aware_lr",
                          "delay_compensation", "staleness_bound")
 
@@ -228,12 +242,16 @@ def parse_speeds(speed: str | None, stragglers: int, straggler_speed: float,
 def build_scenario(*, workers: int, cluster: str, workload: str, batch_size: int | None,
                    steps: int, seed: int, speed: str | None, stragglers: int,
                    straggler_speed: float, jitter: str, jitter_cv: float | None,
-                   max_events: float = budget.DEFAULT_MAX_EVENTS) -> Scenario:
+                   max_events: float = budget.DEFAULT_MAX_EVENTS, precision: str | None = None,
+                   activation_checkpointing: str = "none") -> Scenario:
     if jitter_cv is not None and jitter != "lognormal":
         raise PerfmodelError("--jitter-cv applies to --jitter lognormal only")
     budget.check(budget.step_events(workers, steps), max_events,
                  f"{workers:,} workers x {steps} steps")
     w = load_workload(workload)
+    if precision is not None:
+        w = w.with_precision(precision)
+    w = w.with_checkpointing(activation_checkpointing)
     return Scenario(
         cluster=load_cluster(cluster), workload=w, workers=workers,
         batch_size=w.batch_size if batch_size is None else batch_size,
@@ -242,19 +260,42 @@ def build_scenario(*, workers: int, cluster: str, workload: str, batch_size: int
 
 
 def largest_fitting_batch(memory: MemoryBreakdown, batch_size: int) -> int:
-    """Activations grow linearly with the batch; everything else does not."""
-    per_sample = memory.activations_bytes / batch_size
-    room = memory.capacity_bytes - (memory.peak_bytes - memory.activations_bytes)
+    """Activations and the transient peaks grow linearly with the batch; nothing else does."""
+    per_batch = memory.activations_bytes + memory.transient_bytes
+    per_sample = per_batch / batch_size
+    room = memory.capacity_bytes - (memory.peak_bytes - per_batch)
     if per_sample <= 0:
         return batch_size if room >= 0 else 0
     return max(0, math.floor(room / per_sample))
 
 
+def _cuts(memory: MemoryBreakdown, scenario: Scenario, strategy: str) -> list[str]:
+    """What to cut, the largest part first: batch, checkpointing, FSDP, precision."""
+    gib, w = 2**30, scenario.workload
+    batch_part = memory.activations_bytes + memory.transient_bytes
+    state = memory.model_state_bytes + memory.comm_buffers_bytes + memory.cast_cache_bytes
+    cuts = []
+    fits = largest_fitting_batch(memory, scenario.batch_size)
+    if batch_part > 0:
+        cuts.append((batch_part, f"activations and the loss's gradients take "
+                     f"{batch_part / gib:.1f} GiB: cut the batch (largest that fits: {fits})"
+                     + ("" if w.activation_checkpointing == "full" else
+                        " or pass --activation-checkpointing full")))
+    advice = []
+    if strategy != "fsdp":
+        advice.append("shard it with --strategy fsdp")
+    if w.precision_spec.autocast:
+        advice.append("--precision bf16 (pure bf16: 2-byte params and grads)")
+    cuts.append((state, f"params, grads, optimizer state and buffers take "
+                 f"{state / gib:.1f} GiB" + (": " + " or ".join(advice) if advice else
+                                              ": add workers or use a larger device")))
+    return [text for _, text in sorted(cuts, key=lambda c: -c[0])]
+
+
 def oom_message(role: str, memory: MemoryBreakdown, scenario: Scenario, strategy: str) -> str:
     gib = 2**30
-    fits = largest_fitting_batch(memory, scenario.batch_size)
-    advice = (f"the largest batch that fits is {fits}" if fits >= 1 else
-              "even batch 1 does not fit; try fsdp, more workers, or a larger device")
     return (f"{strategy} {role} needs {memory.peak_bytes / gib:.1f} GiB per device at batch "
-            f"{scenario.batch_size} but {scenario.cluster.name} has "
-            f"{memory.capacity_bytes / gib:.1f} GiB; {advice} (or pass --allow-oom)")
+            f"{scenario.batch_size} ({scenario.workload.precision}, peak at the "
+            f"{memory.phase}) but {scenario.cluster.name} has "
+            f"{memory.capacity_bytes / gib:.1f} GiB the allocator can hand out; " + "; ".join(
+                _cuts(memory, scenario, strategy)) + " (or pass --allow-oom)")

@@ -51,6 +51,10 @@ def command(strategy, workers, allow_oom, as_json, timings, **kwargs):
       perfmodel predict --strategy async-ps --workers 16
       perfmodel predict --strategy ddp --workers 64 --cluster a10g --workload bert-large
       perfmodel predict --strategy fsdp --workers 8 --workload gpt2-xl --variant grad-op
+      perfmodel predict --strategy fsdp --workers 8 --workload gpt2-xl \\
+          --activation-checkpointing full --precision bf16-mixed
+      perfmodel predict --strategy ddp --workers 8 --workload gpt2-xl --precision bf16 \\
+          --grad-compression bf16
       perfmodel predict --strategy sync-ps --workers 8 --stragglers 1 --straggler-speed 0.25
       perfmodel predict --strategy ddp --workers 512 --json
       perfmodel predict --strategy ddp --workers 64 --failure-rate-per-hour 0.01 --run-hours 72
@@ -128,7 +132,9 @@ def render(p: Prediction) -> str:
             f"{flag}: params {m.params_bytes / GIB:.2f}, grads {m.grads_bytes / GIB:.2f}, "
             f"optimizer {m.optimizer_bytes / GIB:.2f}, activations "
             f"{m.activations_bytes / GIB:.2f}, buffers {m.comm_buffers_bytes / GIB:.2f}, "
-            f"framework {m.framework_bytes / GIB:.2f}")
+            f"weight cache {m.cast_cache_bytes / GIB:.2f}, transient "
+            f"{m.transient_bytes / GIB:.2f}, framework {m.framework_bytes / GIB:.2f} "
+            f"(peak at the {m.phase})")
     if p.hardware is not None:
         hw = p.hardware
         lines.append(f"  hardware         {hw.worker_devices} worker + {hw.server_devices} server "

@@ -66,7 +66,8 @@ def command(strategies, workers, out, as_json, jobs, **kwargs):
     """
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     if not names:
-        raise PerfmodelError(f"--strategies '{strategies}' names no strategy")
+        raise PerfmodelError(f"--strategies '{strategies}' names no strategy; choose from "
+                             f"{', '.join(strategy_records.names())}")
     for s in names:
         strategy_records.get(s)     # an unknown name: one line listing the known ones
     counts = _int_list(workers)

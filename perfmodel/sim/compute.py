@@ -8,7 +8,8 @@ stored in the cluster profile):
     + other bytes / (HBM bandwidth x memory_efficiency)      (norms, activations, elementwise)
 
 Backward has backward_flops_ratio x the FLOPs, backward_bytes_ratio x the bytes and twice
-the kernels. The optimizer step is memory-bound traffic over its state (optimizer_GBps).
+the kernels; a unit under activation checkpointing replays its forward in its backward. The
+optimizer step is memory-bound traffic over its state (optimizer_GBps).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
                       bytes_ratio * scale * u.forward_bytes_per_sample * batch_size,
                       2 * u.forward_kernels)
          for u in workload.units])
+    # Activation checkpointing replays a checkpointed unit's forward inside its backward.
+    recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
+    bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
     return UnitTimes(fwd, bwd, optimizer_seconds(cluster, workload, optimizer_param_fraction))
 
 

@@ -38,6 +38,7 @@ from perfmodel.workload import Workload
 
 MiB = 2**20
 MAX_BUCKETS = 100_000       # beyond this a bucket cap is a typo, and the simulation would crawl
+GRAD_COMPRESSION = ("none", "bf16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +109,12 @@ class DDP:
         bucket_cap_MiB: float = 25.0     # DDP(bucket_cap_mb=...)
         first_bucket_MiB: float = 1.0    # dist._DEFAULT_FIRST_BUCKET_BYTES
         allreduce: str = "auto"          # NCCL algorithm: ring | tree | auto (the faster)
+        grad_compression: str = "none"   # none | bf16 (ddp_comm_hooks bf16_compress_hook)
 
         def __post_init__(self):
+            if self.grad_compression not in GRAD_COMPRESSION:
+                raise PerfmodelError(f"unknown gradient compression '{self.grad_compression}'"
+                                     f"; choose from: {', '.join(GRAD_COMPRESSION)}")
             if not self.bucket_cap_MiB > 0:
                 raise PerfmodelError(f"bucket_cap_MiB must be positive, got {self.bucket_cap_MiB}")
             if not self.first_bucket_MiB > 0:
@@ -139,8 +144,13 @@ class DDP:
                                    self.options.bucket_cap_MiB, self.options.first_bucket_MiB)
         communicate = n > 1 and bool(buckets)
         ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
-        durations = np.array([allreduce_s(cluster, n, b.nbytes, self.options.allreduce)
-                              for b in buckets])
+        # On the wire a bucket is in the reduce dtype (fp32 under autocast), or bf16 with
+        # the compression hook (which casts the bucket, all-reduces it and casts back).
+        p = scenario.workload.precision_spec
+        wire = (2 if self.options.grad_compression == "bf16" else p.reduce_bytes) / p.grad_bytes
+        wire_bytes = [b.nbytes * wire for b in buckets]
+        durations = np.array([allreduce_s(cluster, n, nbytes, self.options.allreduce)
+                              for nbytes in wire_bytes])
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
 
@@ -153,10 +163,10 @@ class DDP:
 
         def reducer(issue: np.ndarray):
             """The communication stream: all-reduce each bucket once every rank has it."""
-            for b, bucket in enumerate(buckets):
+            for b in range(len(buckets)):
                 if issue[b] > env.now:
                     yield env.timeout(issue[b] - env.now)
-                yield from link.transfer("all-reduce", -1, bucket.nbytes, durations[b])
+                yield from link.transfer("all-reduce", -1, wire_bytes[b], durations[b])
             return env.now
 
         def training():

@@ -2,11 +2,12 @@
 
 Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.md):
 - every unit is wrapped; its parameters are sharded 1/N per rank;
-- forward: all-gather the unit's parameters (params x param_bytes in total) before its
+- forward: all-gather the unit's parameters (params x compute_bytes: param_dtype) before its
   forward; full-shard frees them afterwards (reshard_after_forward=True);
 - backward (reverse order): full-shard all-gathers the unit again before its backward;
   grad-op (reshard_after_forward=False, ZeRO-2-like) keeps them and skips that all-gather;
-  after the unit's backward its gradients (params x grad_bytes) are reduce-scattered;
+  after the unit's backward its gradients (params x reduce_bytes: reduce_dtype) are
+  reduce-scattered;
 - prefetch k: the all-gather of the unit k places ahead is issued when a unit's compute
   starts, so it overlaps that compute (k = 0: issued when the previous unit's compute ends;
   FSDP1's BACKWARD_PRE / forward_prefetch, FSDP2's implicit prefetching);
@@ -109,8 +110,9 @@ class FSDP:
         units = len(wl.units)
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
                            overlapped=("forward", "backward") if n > 1 else ())
-        param_bytes = [u.params * wl.precision_spec.param_bytes for u in wl.units]
-        grad_bytes = [u.params * wl.precision_spec.grad_bytes for u in wl.units]
+        # MixedPrecisionPolicy: gathers in param_dtype, reduce-scatters in reduce_dtype.
+        param_bytes = [u.params * wl.precision_spec.compute_bytes for u in wl.units]
+        grad_bytes = [u.params * wl.precision_spec.reduce_bytes for u in wl.units]
         gather_s = [allgather_s(cluster, n, b) for b in param_bytes]
         scatter_s = [reduce_scatter_s(cluster, n, b) for b in grad_bytes]
         k = self.options.prefetch
