@@ -49,6 +49,7 @@ class Speedup:
 class MemoryPair:
     ddp: MemoryBreakdown
     fsdp: MemoryBreakdown
+    fsdp_checkpointed: MemoryBreakdown      # FSDP full-shard with full activation checkpointing
 
 
 @dataclass(frozen=True, kw_only=True)
