@@ -26,3 +26,17 @@ def test_a_missing_profile_path_is_one_line(tmp_path):
                                       "--cluster", str(tmp_path / "none.toml")])
     assert result.exit_code != 0
     assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_a_profile_path_works_for_sweep_and_recommend(tmp_path):
+    path = tmp_path / "my-g5.toml"
+    shutil.copy(SHIPPED_PROFILES / "a10g.toml", path)
+    sweep = CliRunner().invoke(cli, ["sweep", "--strategies", "ddp", "--workers", "1,4",
+                                     "--cluster", str(path), "--json", "--jobs", "1",
+                                     "--out", str(tmp_path / "sweep")])
+    assert sweep.exit_code == 0, sweep.output
+    assert json.loads(sweep.stdout)["meta"]["cluster"] == "a10g"
+    rec = CliRunner().invoke(cli, ["recommend", "--workers", "4", "--cluster", str(path),
+                                   "--json"])
+    assert rec.exit_code == 0, rec.output
+    assert json.loads(rec.stdout)["cluster"] == "a10g"
