@@ -346,8 +346,14 @@ def check_report_agrees(out: Path) -> None:
     for name, info in doc["figures"].items():
         assert (out / info["file"]).stat().st_size > 1000, name
         assert f"]({info['file']})" in (out / "report.md").read_text()
+    by_key = {c["key"]: c for c in doc["comparisons"]}
     for q, points in doc["figures"]["scatter"]["points"].items():
         for key, measured, predicted in points:
+            if " worker " in key:       # staleness per worker: (predicted, measured) in the JSON
+                base, worker = key.rsplit(" worker ", 1)
+                p, m = by_key[base]["staleness_per_worker"][worker]
+                assert (measured, predicted) == (pytest.approx(m), pytest.approx(p))
+                continue
             assert measured == pytest.approx(float(csv_rows[key][f"{q}_measured"]), rel=1e-9)
             assert predicted == pytest.approx(float(csv_rows[key][f"{q}_predicted"]), rel=1e-9)
 
