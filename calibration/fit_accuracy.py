@@ -463,16 +463,7 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
         "[provenance]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in prov.items()]
     for s in fitted["settings"]:
-        c = s["curve"]
-        lines += ["", "[[settings]]", f'optimizer = "{s["optimizer"]}"', f"lr = {s['lr']!r}",
-                  f"budget_updates = {s['budget_updates']}",
-                  "# acc(u) = a_inf - (a_inf - a0) * exp(-(u / scale) ** shape)",
-                  f"curve_a0 = {c.a0!r}", f"curve_a_inf = {c.a_inf!r}",
-                  f"curve_scale_updates = {c.scale_updates!r}", f"curve_shape = {c.shape!r}",
-                  f"seed_sd = {s['seed_sd']!r}", f"fit_rms = {s['fit_rms']!r}",
-                  f"band = {s['band']!r}", f"sync_observed = {s['sync_observed']!r}",
-                  "# an update is worth (lr_applied / lr) ** rate_exponent / (1 + beta * tau)",
-                  f"rate_exponent = {s['rate_exponent']!r}"]
+        lines += settings_lines(s)
         if s["noise"]:
             lines += ["# gradient noise scale tr(Σ)/|G|² in samples (McCandlish et al. 2018), "
                       "over seeds:",
@@ -495,6 +486,21 @@ def model_toml(fitted: dict[str, Any], prov: dict[str, Any], check: list[dict] |
             lines += ["", "[[check.held_out]]"]
             lines += [f"{k} = {_toml_value(v)}" for k, v in r.items()]
     return "\n".join(lines) + "\n"
+
+
+def settings_lines(s: dict[str, Any]) -> list[str]:
+    """One fitted setting's [[settings]] lines up to its rate exponent (learning curve, spread,
+    band): shared by every class's accuracy model file."""
+    c = s["curve"]
+    return ["", "[[settings]]", f'optimizer = "{s["optimizer"]}"', f"lr = {s['lr']!r}",
+            f"budget_updates = {s['budget_updates']}",
+            "# acc(u) = a_inf - (a_inf - a0) * exp(-(u / scale) ** shape)",
+            f"curve_a0 = {c.a0!r}", f"curve_a_inf = {c.a_inf!r}",
+            f"curve_scale_updates = {c.scale_updates!r}", f"curve_shape = {c.shape!r}",
+            f"seed_sd = {s['seed_sd']!r}", f"fit_rms = {s['fit_rms']!r}",
+            f"band = {s['band']!r}", f"sync_observed = {s['sync_observed']!r}",
+            "# an update is worth (lr_applied / lr) ** rate_exponent / (1 + beta * tau)",
+            f"rate_exponent = {s['rate_exponent']!r}"]
 
 
 def _toml_value(v: Any) -> str:

@@ -51,6 +51,7 @@ from calibration.fit_accuracy import (
     observed,
     profile_values,
     seed_spread,
+    settings_lines,
     unstable,
 )
 from calibration.fit_accuracy import _toml_value as toml_value
@@ -283,7 +284,7 @@ def model_toml(*, workload: str, data_set: str, caveat: str, chance: float, batc
                target: float, setting: dict[str, Any], prov: dict[str, Any],
                check: tuple[list[dict[str, Any]], dict[str, Any]] | None,
                header: str) -> str:
-    s, c = setting, setting["curve"]
+    s = setting
     lines = [f"# {header}", "# Model: perfmodel/accuracy/model.py. Regenerate; do not edit.",
              f"workload = {toml_value(workload)}", f"data_set = {toml_value(data_set)}",
              f"caveat = {toml_value(caveat)}", f"chance_accuracy = {chance!r}",
@@ -291,15 +292,7 @@ def model_toml(*, workload: str, data_set: str, caveat: str, chance: float, batc
              f'default_optimizer = "{s["optimizer"]}"', f"default_lr = {s['lr']!r}", "",
              "[provenance]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in prov.items()]
-    lines += ["", "[[settings]]", f'optimizer = "{s["optimizer"]}"', f"lr = {s['lr']!r}",
-              f"budget_updates = {s['budget_updates']}",
-              "# acc(u) = a_inf - (a_inf - a0) * exp(-(u / scale) ** shape)",
-              f"curve_a0 = {c.a0!r}", f"curve_a_inf = {c.a_inf!r}",
-              f"curve_scale_updates = {c.scale_updates!r}", f"curve_shape = {c.shape!r}",
-              f"seed_sd = {s['seed_sd']!r}", f"fit_rms = {s['fit_rms']!r}",
-              f"band = {s['band']!r}", f"sync_observed = {s['sync_observed']!r}",
-              "# an update is worth (lr_applied / lr) ** rate_exponent / (1 + beta * tau)",
-              f"rate_exponent = {s['rate_exponent']!r}"]
+    lines += settings_lines(s)
     scale = noise_scale_of(s["noise"]) if s["noise"] else float("nan")
     if np.isfinite(scale) and scale > 0:
         lines += ["# gradient noise scale tr(Σ)/|G|² in samples (McCandlish et al. 2018)",
