@@ -21,8 +21,6 @@ the workload and cluster they will train on. Steps:
 
 from __future__ import annotations
 
-import importlib
-import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from calibration.fit_accuracy_classes import (
     record_runs,
     target_of,
 )
+from measure.user_models import load_callable
 from perfmodel.accuracy.model import parse_accuracy_model
 from perfmodel.errors import PerfmodelError
 
@@ -74,23 +73,6 @@ class UserFit:
         return HarnessConfig(updates=self.budget_updates, lr=self.lr, optimizer=self.optimizer,
                              warmup_updates=self.warmup_updates, mitigation=mitigation,
                              batch_size=self.batch_size, eval_every=self.eval_every, seed=seed)
-
-
-def resolve(spec: str, what: str) -> Callable[[], Any]:
-    """`pkg.mod:function` -> the function (the current folder is importable)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise PerfmodelError(f"--{what} '{spec}' must look like pkg.module:function")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise PerfmodelError(f"--{what}: cannot import '{module_name}': {e}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise PerfmodelError(f"--{what}: '{module_name}' has no function '{attr}'")
-    return fn
 
 
 def build_task(name: str, make_model: Callable[[], Any], make_data: Callable[[], Any]):
@@ -141,7 +123,7 @@ def fit_user_model(*, fit: UserFit, model: str, data: str, cluster: str, workloa
     if not workers or min(workers) < 2:
         raise PerfmodelError("--workers must be at least 2 (async PS with one worker is not "
                              "stale)")
-    task = build_task(fit.name, resolve(model, "model"), resolve(data, "data"))
+    task = build_task(fit.name, load_callable(model, "model"), load_callable(data, "data"))
     profiles = simulated_profiles(cluster, workload, workers, stragglers, straggler_speed)
     keys = [("sync", "none", s) for s in range(fit.sync_seeds)]
     keys += [(p, m, 0) for p in profiles for m in MITIGATIONS]

@@ -47,21 +47,23 @@ PRECISIONS = ("fp32", "bf16-mixed")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
-def load_factory(target: str) -> Callable[[], nn.Module]:
-    """`pkg.mod:factory` -> the callable; the current folder is importable, as for python -m."""
+def load_callable(target: str, option: str = "module") -> Callable[[], Any]:
+    """`pkg.mod:function` given as --OPTION -> the function; the current folder is importable,
+    as for python -m. Used for model factories and data makers alike."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise PerfmodelError(f"--module '{target}': give it as pkg.module:factory")
+        raise PerfmodelError(f"--{option} '{target}' must look like pkg.module:function")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise PerfmodelError(f"--module '{target}': cannot import {module_name}: {e}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise PerfmodelError(f"--module '{target}': {module_name} has no callable '{attr}'")
-    return factory
+        raise PerfmodelError(f"--{option} '{target}': cannot import {module_name}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise PerfmodelError(f"--{option} '{target}': {module_name} has no function '{attr}' "
+                             "(no callable of that name)")
+    return fn
 
 
 def _as_units(model: nn.Module) -> nn.Sequential:
@@ -89,7 +91,7 @@ def module_spec(name: str, target: str, *, input_shape: tuple[int, ...] | None,
                 seq_len: int | None, precision: str, optimizer: str, batch_size: int
                 ) -> ModelSpec:
     _check(precision, optimizer, batch_size)
-    factory = load_factory(target)
+    factory = load_callable(target)
     if (input_shape is None) == (seq_len is None):
         raise PerfmodelError("give the input per sample: --input-shape C,H,W (features) or "
                              "--seq-len S (token ids), one of the two")
