@@ -13,7 +13,6 @@ all refused before anything starts, and the journal that stores an orphaned run.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -28,8 +27,8 @@ import pytest
 from measure import session
 from measure.launch import live_processes, write_journal
 from measure.store import Store
-from perfmodel.cli import main
 from perfmodel.commands.progress import RunsProgress
+from tests.inprocess import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 UP_S = 120                  # torch import and gloo init on loaded cores
@@ -39,24 +38,6 @@ GONE_S = 15                 # the run's processes must be gone within this after
 # ------------------------------------------------------------------ helpers
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """`perfmodel ARGS` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    old_argv, old_env = sys.argv, dict(os.environ)
-    sys.argv = ["perfmodel", *args]
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old_argv
-        os.environ.clear()
-        os.environ.update(old_env)
-    return code, out.getvalue(), err.getvalue()
 
 
 def one_line_error(code: int, err: str, *words: str) -> str:

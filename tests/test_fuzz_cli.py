@@ -9,17 +9,14 @@ entry point (`perfmodel.cli.main`), so the error path is the user's.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfmodel.cli import main
+from tests.inprocess import run_cli
 
 HOSTILE = ["nan", "NaN", "inf", "-inf", "1e308", "1e-308", "-1", "0", "", "abc", "\x00\x01",
            "1,2", "9" * 40, "0x10", "1_000", " 3", "-0"]
@@ -31,24 +28,10 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-def run(args: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.argv
-    sys.argv = ["perfmodel", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    return code, out.getvalue(), err.getvalue()
 
 
 def check(args: list[str]) -> tuple[int, str]:
-    code, out, err = run(args)
+    code, out, err = run_cli(args)
     assert code in (0, 2), f"{args}: exit {code}\n{err}"
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
@@ -153,4 +136,4 @@ def test_a_truncated_or_binary_profile_is_one_line(tmp_path, monkeypatch, conten
 
 def test_same_seed_same_json_bytes():
     args = ["predict", "--strategy", "async-ps", "--workers", "8", "--seed", "3", "--json"]
-    assert run(args)[1] == run(args)[1]
+    assert run_cli(args)[1] == run_cli(args)[1]
