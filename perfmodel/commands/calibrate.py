@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
@@ -37,7 +38,7 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
                    "resnet50,bert-large]; DDP and PS run the first, DDP the second once.")
 @click.option("--quick", is_flag=True, help="A smaller suite (fewer sizes, repeats and "
               "steps; about half the time) for tests and a first look; wider residuals.")
-@click.option("--max-time-s", type=click.FloatRange(1), default=600, show_default=True,
+@click.option("--max-time-s", type=Finite(1), default=600, show_default=True,
               help="Stop any one measurement after this many seconds.")
 @click.option("--nnodes", default=None, help="torchrun: nodes (calibrating several nodes).")
 @click.option("--node-rank", type=int, default=None, help="torchrun: this node's rank.")

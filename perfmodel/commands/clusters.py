@@ -7,6 +7,7 @@ import json
 import click
 
 from perfmodel.cluster import load_cluster, profile_paths
+from perfmodel.commands.options import Finite
 from perfmodel.errors import PerfmodelError
 
 
@@ -62,14 +63,14 @@ def command(ctx, as_json: bool) -> None:
 @click.option("--gpu", required=True, help="The GPU: a shipped GPU profile's name (a100, "
               "a100-80gb, a10g, a10g-8, h100, h200); its device and compute are copied.")
 @click.option("--gpus-per-node", type=click.IntRange(1), required=True, help="GPUs per node.")
-@click.option("--nic-Gbps", "nic_Gbps", type=click.FloatRange(0, min_open=True), required=True,
+@click.option("--nic-Gbps", "nic_Gbps", type=Finite(0, min_open=True), required=True,
               help="Network between nodes, Gbit/s per node each way (all NICs together).")
-@click.option("--intra-GBps", "intra_GBps", type=click.FloatRange(0, min_open=True),
+@click.option("--intra-GBps", "intra_GBps", type=Finite(0, min_open=True),
               default=None, help="Per-GPU link inside a node, GB/s each way [the GPU's "
               "profile's: NVLink or PCIe].")
-@click.option("--intra-latency-us", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--intra-latency-us", type=Finite(0, min_open=True), default=None,
               help="Per-step latency inside a node [the GPU's profile's].")
-@click.option("--inter-latency-us", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--inter-latency-us", type=Finite(0, min_open=True), default=None,
               help="Per-step latency between nodes [the GPU's profile's].")
 @click.option("--description", default=None, help="One line saying what the cluster is.")
 @click.option("--force", is_flag=True, help="Replace a profile of that name you added before.")

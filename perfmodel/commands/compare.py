@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
 
 
@@ -38,7 +39,7 @@ from perfmodel.commands.progress import RunsProgress
               help="Ranks of the GPT-2 XL FSDP jobs PyTorch's tracker estimates, with "
                    "grad-op and DDP at the first [8,64; none with --quick].")
 @click.option("--predict-only", is_flag=True, help="Write the predictions and stop.")
-@click.option("--max-time-s", type=click.FloatRange(1), default=600, show_default=True,
+@click.option("--max-time-s", type=Finite(1), default=600, show_default=True,
               help="Stop any one run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow_other_host,

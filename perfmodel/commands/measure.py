@@ -28,6 +28,7 @@ from measure.store import Store
 from measure.summary import render, summarize
 from perfmodel.commands.errors import check_run
 from perfmodel.commands.measure_elastic import command as elastic_command
+from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
@@ -64,14 +65,14 @@ def run_options(f):
                      help="Measurement store [$PERFMODEL_DB or the per-user default]."),
         click.option("--oversubscribe", is_flag=True,
                      help="Allow more compute processes than CPU cores (recorded in the run)."),
-        click.option("--link-rate-Gbps", "link_rate_Gbps", type=click.FloatRange(0, min_open=True),
+        click.option("--link-rate-Gbps", "link_rate_Gbps", type=Finite(0, min_open=True),
                      default=None, help="Split the ranks over two emulated nodes joined by a "
                      "link capped at this rate (root only; network namespaces + tc tbf)."),
         click.option("--threads-per-worker", type=click.IntRange(1), default=1,
                      show_default=True, help="torch threads per rank."),
-        click.option("--timeout-s", type=click.FloatRange(1), default=300, show_default=True,
+        click.option("--timeout-s", type=Finite(1), default=300, show_default=True,
                      help="Process-group timeout: a dead or stuck peer fails the run after this."),
-        click.option("--max-time-s", type=click.FloatRange(1), default=None,
+        click.option("--max-time-s", type=Finite(1), default=None,
                      help="Stop the whole run after this many seconds [no limit]."),
         click.option("--nnodes", default=None, help="torchrun: nodes (multi-node runs)."),
         click.option("--node-rank", type=int, default=None, help="torchrun: this node's rank."),
@@ -202,9 +203,9 @@ def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per
 
 @command.command("ddp")
 @training_options
-@click.option("--bucket-cap-MiB", "bucket_cap_MiB", type=click.FloatRange(0, min_open=True),
+@click.option("--bucket-cap-MiB", "bucket_cap_MiB", type=Finite(0, min_open=True),
               default=None, help="Gradient bucket cap [torch's 25].")
-@click.option("--first-bucket-MiB", "first_bucket_MiB", type=click.FloatRange(0, min_open=True),
+@click.option("--first-bucket-MiB", "first_bucket_MiB", type=Finite(0, min_open=True),
               default=None, help="First bucket size [torch's 1].")
 @run_options
 def ddp(bucket_cap_MiB, first_bucket_MiB, **kwargs):
@@ -249,7 +250,7 @@ def fsdp(variant, **kwargs):
               help="async: scale the learning rate by 1/staleness.")
 @click.option("--delay-compensation", is_flag=True, default=None,
               help="async: DC-ASGD delay compensation on the server.")
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--lr", type=Finite(0, min_open=True), default=None,
               help="Learning rate of the server's optimizer [the workload's, e.g. 0.05 for "
                    "mlp]; a smaller one keeps async training stable at higher staleness.")
 @run_options

@@ -25,6 +25,7 @@ from measure.configs import elastic_config
 from measure.store import Store
 from measure.summary import elastic_events, render, render_elastic_event, summarize
 from perfmodel.commands.errors import check_run
+from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
 from perfmodel.errors import PerfmodelError
 
@@ -39,9 +40,9 @@ def common_options(f):
                      help="Measurement store [$PERFMODEL_DB or the per-user default]."),
         click.option("--oversubscribe", is_flag=True,
                      help="Allow more compute processes than CPU cores (recorded)."),
-        click.option("--timeout-s", type=click.FloatRange(1), default=120, show_default=True,
+        click.option("--timeout-s", type=Finite(1), default=120, show_default=True,
                      help="Process-group timeout."),
-        click.option("--max-time-s", type=click.FloatRange(1), default=None,
+        click.option("--max-time-s", type=Finite(1), default=None,
                      help="Stop the whole run after this many seconds [no limit]."),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
     ]):

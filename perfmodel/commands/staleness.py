@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from perfmodel.commands.options import Finite
 from perfmodel.errors import PerfmodelError
 
 
@@ -40,11 +41,11 @@ def command() -> None:
               show_default=True, help="Worker counts to simulate (repeat the option).")
 @click.option("--stragglers", type=click.IntRange(0), default=0, show_default=True,
               help="Slow workers in each simulated profile (the last ones).")
-@click.option("--straggler-speed", type=click.FloatRange(0, 1, min_open=True), default=0.5,
+@click.option("--straggler-speed", type=Finite(0, 1, min_open=True), default=0.5,
               show_default=True, help="Relative speed of a straggler.")
 @click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]),
               default="momentum", show_default=True, help="Optimizer of the runs.")
-@click.option("--lr", type=click.FloatRange(0, min_open=True), default=0.05,
+@click.option("--lr", type=Finite(0, min_open=True), default=0.05,
               show_default=True, help="Learning rate.")
 @click.option("--warmup-updates", type=click.IntRange(0), default=0, show_default=True,
               help="Linear warm-up over this many updates, then constant.")
