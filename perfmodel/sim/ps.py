@@ -6,18 +6,18 @@ sharding, and the links as hardware). One worker step:
 
   pull    every server's shard, all at once, each over its route (the server node's NIC out
           and the worker node's NIC in; the intra-node link within a node), every link
-          direction a fair-share pool (fairshare.FairSharePool),
+          direction carrying one message at a time, first come first served,
   compute forward + backward (compute.unit_times with no optimizer work, times StepNoise),
   push    every shard's gradient, all at once, over the reverse routes,
   apply   on each server, first come first served: the workload's optimizer over the shard
           (compute.optimizer_seconds: model-state bytes at compute.optimizer_GBps, as DDP's
           optimizer step is charged), plus DC-ASGD's extra passes.
 
-A flow that crosses two pools is complete when both have carried it; a route's latency is a
-pure delay added on delivery. The worker's next pull waits for its gradient's apply on every
-server (a server answers a worker in order), so one cycle = pull + compute + push + apply
-queue + apply, and where one pool or the apply is the bottleneck, exact mean-value analysis
-(mva.py) predicts async-ps throughput.
+A message that crosses two link directions has arrived when both have carried it; a route's
+latency is a pure delay added on delivery. The worker's next pull waits for its gradient's
+apply on every server (a server answers a worker in order), so one cycle = pull + compute +
+push + apply queue + apply, and where one link direction or the apply is the bottleneck,
+exact mean-value analysis (mva.py) predicts async-ps throughput.
 
 - async-ps (Dean et al. 2012, Downpour SGD): a server applies each gradient on arrival.
   Staleness = server 0's version when applying - its version when the worker pulled
@@ -34,8 +34,8 @@ Records: one StepRecord per worker step (start = the end of its previous step; c
 the barrier in sync-ps), one UpdateRecord per gradient, one CommRecord per pull and push
 between a worker and a server.
 
-Events: a transfer costs its pools' wake-ups only (pools call back, no event per transfer);
-a worker waits on one event per pull (all shards), one per compute and one per push-and-
+Events: a transfer is arithmetic on when its link directions are next free (no event of
+its own); a worker waits on one event per pull (all shards), one per compute and one per push-and-
 apply (all shards); FCFS applies are arithmetic, not a simpy.Resource.
 
 Assumptions to know:

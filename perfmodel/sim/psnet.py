@@ -2,8 +2,9 @@
 a push or a pull crosses, and what the servers cost.
 
 DESIGN.md "Parameter server": NICs are full duplex, so every NIC (worker nodes and server
-nodes) and every device's intra-node link has an *out* and an *in* pool (fairshare.py
-FairSharePool), each with the profile's per-direction bandwidth. A push from worker w to
+nodes) and every device's intra-node link has an *out* and an *in* side, each with the
+profile's per-direction bandwidth, each carrying one message at a time, first come first
+served (ps.py `_PSRun.transfer`). A push from worker w to
 server k crosses w's node NIC out and k's node NIC in; a pull the reverse; the workers of one
 node share their node's NIC. A worker and a server on the same node talk over the intra-node
 link instead (w's device out, the server's device in); on the same device, not at all.
