@@ -58,6 +58,7 @@ class StudyPenalty:
     worth: float                    # synchronous updates per async update (staleness only)
     sync_efficiency: float          # e: what one batch of a synchronous step is worth
     unstable: bool                  # the instability index crosses the fitted threshold
+    chance_accuracy: float
     sync_accuracy_same_epochs: float    # acc_sync(U)
     sync_accuracy_same_time: float      # acc_sync(U / r)
     async_accuracy: float               # acc_async(U); chance when unstable
@@ -98,6 +99,7 @@ def study_penalty(model: AccuracyModel, setting: Setting,
         workload=model.workload, setting=setting.name, mitigation=mitigation, workers=workers,
         mean_staleness=float(taus.mean()), throughput_ratio=float(throughput_ratio),
         budget_updates=budget, worth=worth, sync_efficiency=efficiency, unstable=shaky,
+        chance_accuracy=model.chance_accuracy,
         sync_accuracy_same_epochs=curve.accuracy(budget * efficiency),
         sync_accuracy_same_time=curve.accuracy(budget / throughput_ratio * efficiency),
         async_accuracy=model.chance_accuracy if shaky else curve.accuracy(budget * worth))
