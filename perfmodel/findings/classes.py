@@ -208,7 +208,8 @@ class's budget of U asynchronous updates (batch 64; `perfmodel/accuracy/penalty.
   in section 3), so in the time async makes U updates synchronous PS makes U / r;
   T = acc_sync(U / r) − acc_async(U). A negative number means async is ahead.
 
-Each class's fitted model (perfmodel/data/accuracy/; the mlp-digits class is mlp.toml) gives
+Each class's fitted model (perfmodel/data/accuracy/; mlp-digits rows are mlp.toml's two fitted
+settings, the plan's class being its lr 0.05) gives
 acc_sync(u) = curve(u) and acc_async(U) = curve(U · worth) with the simulator's async
 staleness, or **U** where the instability index crosses the class's threshold (the run
 oscillates or diverges: no accuracy is promised; the CSV gives its penalty to chance).
