@@ -22,9 +22,11 @@ class (resumable: runs already recorded are not repeated; one torch thread):
    budget; observed unstable = unstable in at least half of its seeds; a class passes when the
    median absolute error over its stable groups (predicted and observed stable) is at most
    the plan's bound and stability is right for at least the plan's fraction of its groups.
-   Every group goes into the class's TOML [check] and perfmodel/data/heldout/accuracy_check.toml.
+   Every group goes into the class's TOML [check] (not for mlp-digits: mlp.toml is not
+   rewritten) and, with --write-check, into perfmodel/data/heldout/accuracy_check.toml
+   (the classes already there are kept).
 
-Usage: python -m calibration.fit_accuracy_classes [--fit-only] CLASS [CLASS ...]
+Usage: python -m calibration.fit_accuracy_classes [--fit-only] [--write-check] CLASS [...]
 """
 
 from __future__ import annotations
@@ -361,19 +363,35 @@ def check_mlp(data: dict[str, Any], plan: dict[str, Any], cls
 
 
 def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any],
-                not_run: list[str], path: Path = CHECK_FILE) -> None:
-    """Every group of every class run, in one file beside the plan."""
+                path: Path = CHECK_FILE) -> None:
+    """Every group of every class run, in one file beside the plan: per class its verdict
+    and its groups as [[classes."NAME".held_out]] tables (as a class TOML's
+    [[check.held_out]]). Classes already in the file and not in `results` are kept as they
+    were (each with the date it was checked), so one class can be checked at a time."""
+    now_date = now()
+    kept = {}
+    if path.is_file():
+        old = tomllib.loads(path.read_text())
+        kept = {name: (summary.pop("held_out", []), summary, summary.pop("date", old["date"]))
+                for name, summary in old.get("classes", {}).items() if name not in results}
+    blocks = {**{name: (groups, summary, date) for name, (groups, summary, date)
+                 in kept.items()},
+              **{name: (rows, dict(summary), now_date) for name, (rows, summary)
+                 in results.items()}}
+    order = [c["name"] for c in plan["classes"]]
+    done = list(blocks)         # those kept in their order, then the ones just checked
     lines = ["# The held-out accuracy check of perfmodel/data/heldout/accuracy_plan.toml, as "
              "run by", f"# `{COMMAND}`: every group of every class run, misses included.",
              "# penalty = synchronous mean accuracy - accuracy at the class's budget, in "
              "points;", "# seed_sd_points = SD of the group's accuracy over its seeds.",
-             f"date = {toml_value(now())}", f"classes_run = {toml_value(list(results))}",
-             f"classes_not_run = {toml_value(not_run)}", ""]
-    for name, (rows, summary) in results.items():
-        lines += [f"[classes.{toml_value(name)}]"]
+             f"date = {toml_value(now_date)}", f"classes_run = {toml_value(done)}",
+             f"classes_not_run = {toml_value([n for n in order if n not in blocks])}", ""]
+    for name in done:
+        rows, summary, date = blocks[name]
+        lines += [f"[classes.{toml_value(name)}]", f"date = {toml_value(date)}"]
         lines += [f"{k} = {toml_value(v)}" for k, v in summary.items() if v is not None]
         for r in rows:
-            lines += [f"[[classes.{toml_value(name)}.groups]]"]
+            lines += [f"[[classes.{toml_value(name)}.held_out]]"]
             lines += [f"{k} = {toml_value(v)}" for k, v in r.items()]
         lines += [""]
     path.write_text("\n".join(lines))
@@ -417,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("classes", nargs="+", metavar="CLASS")
     parser.add_argument("--fit-only", action="store_true")
     parser.add_argument("--write-check", action="store_true",
-                        help="also write perfmodel/data/heldout/accuracy_check.toml for the "
-                             "classes given (the others listed as not run)")
+                        help="also write the classes given into "
+                             "perfmodel/data/heldout/accuracy_check.toml (classes already "
+                             "there and not given are kept)")
     args = parser.parse_args(argv)
     plan = load_plan()
     results = {}
@@ -433,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['observed_unstable']}: {r['result']}")
         print(f"{name}: {summary}")
     if args.write_check:
-        names = [c["name"] for c in plan["classes"]]
-        write_check(results, plan, [n for n in names if n not in results])
+        write_check(results, plan)
     return 0
 
 

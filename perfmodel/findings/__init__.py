@@ -11,6 +11,8 @@ accuracy; a staleness-mitigating protocol spends its gain on synchronisation.
   fitted accuracy model and the harness runs it was fitted on (perfmodel/data/accuracy/).
 - measured.py: sections 6-7, real local runs from the measurement store, and the runs that
   make them (`perfmodel findings --measure`).
+- classes.py: section 8, the study's accuracy penalty per workload class at the same epochs
+  and at the same wall-clock time (perfmodel/accuracy/penalty.py), model and harness runs.
 - records.py: each section's typed record; report.py builds them and writes the report
   (never dropping measured sections); text.py, prose.py and figures.py render it.
 

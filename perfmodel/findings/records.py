@@ -11,6 +11,7 @@ from typing import Any
 
 from perfmodel.accuracy.cost import StalenessCost
 from perfmodel.accuracy.model import AccuracyModel
+from perfmodel.accuracy.penalty import ObservedPenalty, StudyPenalty
 from perfmodel.findings.common import STUDY
 from perfmodel.memory import MemoryBreakdown
 
@@ -149,6 +150,29 @@ class MeasuredPs:
     rows: tuple[CsvRow, ...]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClassPenalty:
+    """One workload class x setting x mitigation x cluster variation x worker count."""
+
+    klass: str                 # the workload class: mlp-digits, cnn-digits, ...
+    cluster: str
+    variation: str             # "jitter CV 0.02 (profile)", "1 straggler at 0.5"
+    model: StudyPenalty        # synchronous steps counted linearly (as the harness runs)
+    noise_scaled: StudyPenalty  # synchronous steps counted with the measured noise scale
+    long_budget: StudyPenalty  # linear counting at LONG_BUDGET times the class's budget
+    observed: ObservedPenalty | None    # from the class's homo-N harness runs, where run
+    observed_unstable: bool    # those runs unstable in at least half of their seeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassPenalties:
+    """8. The study's penalty per workload class, at the same epochs and the same time."""
+
+    text: str                  # the section's tables and prose, Markdown
+    points: tuple[ClassPenalty, ...]
+    rows: tuple[CsvRow, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Findings:
     """Everything the report says. `local` and `measured` are None in a model-only report."""
@@ -160,6 +184,7 @@ class Findings:
     mitigations: Mitigations
     local: LocalRuns | None
     measured: MeasuredPs | None
+    classes: ClassPenalties
     store: str | None = None    # the measurement store sections 6-7 were read from
 
     @property
@@ -170,5 +195,5 @@ class Findings:
     def rows(self) -> tuple[CsvRow, ...]:
         """findings.csv in the sections' order."""
         parts = (self.speedup, self.memory, self.saving, self.accuracy, self.mitigations,
-                 self.measured, self.local)
+                 self.measured, self.local, self.classes)
         return tuple(r for part in parts if part is not None for r in part.rows)

@@ -1,10 +1,10 @@
 """Build the findings report and write it (report.md, figures, findings.csv) without ever
 replacing measured sections by empty ones.
 
-Sections 1-5 come from the model and data shipped with perfmodel, so anyone can regenerate
-them. Sections 6-7 come from real runs in a measurement store that is not shipped: a report
-is written either with both measured sections filled from the store, or as a model-only
-report (`model_only=True`) into a folder that holds no measured report.
+Sections 1-5 and 8 come from the model and data shipped with perfmodel, so anyone can
+regenerate them. Sections 6-7 come from real runs in a measurement store that is not
+shipped: a report is written either with both measured sections filled from the store, or
+as a model-only report (`model_only=True`) into a folder that holds no measured report.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import csv
 from pathlib import Path
 
 from perfmodel.errors import PerfmodelError
+from perfmodel.findings.classes import class_penalties
 from perfmodel.findings.common import MEASURE_COMMAND
 from perfmodel.findings.figures import write_figures
 from perfmodel.findings.measured import LOCAL_HEADER, PS_HEADER, measured_local, measured_ps
@@ -44,7 +45,7 @@ def build_findings(*, db: Path | None = None, model_only: bool = False) -> Findi
         check_measured(local, measured, store)
     return Findings(speedup=ddp_speedup(), memory=fsdp_memory(), saving=async_saving(),
                     accuracy=accuracy_penalty(), mitigations=mitigations(), local=local,
-                    measured=measured, store=store)
+                    measured=measured, classes=class_penalties(), store=store)
 
 
 def check_measured(local: LocalRuns | None, measured: MeasuredPs | None,

@@ -146,8 +146,13 @@ measured server rate.
 
 {measured_text(f.measured)}
 
+## 8. The study's accuracy penalty per workload class — study: {STUDY['accuracy_loss']}
+
+{f.classes.text}
+
 ## Reproduce
 
     python -m calibration.fit_accuracy        # harness runs + fit (about an hour, one core)
+    python -m calibration.fit_accuracy_classes CLASS  # section 8's classes (accuracy_plan.toml)
     {MEASURE_COMMAND:<41} # real PS runs, then this report
 """
