@@ -376,7 +376,8 @@ def _run_spread(runs) -> tuple[float | None, int]:
 def same_configuration(config: dict[str, Any]) -> str:
     """A run's config without what differs between repeats of one measurement."""
     return json.dumps({k: v for k, v in config.items()
-                       if k not in ("calibration", "oversubscribed")}, sort_keys=True)
+                       if k not in ("calibration", "oversubscribed", "protocol")},
+                      sort_keys=True)
 
 
 def _summary(run, key: str) -> float | None:

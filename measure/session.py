@@ -53,6 +53,7 @@ from measure.launch import (
     signal_pids,
 )
 from measure.netem import launch_capped
+from measure.protocol import RunProtocol, protocol_record
 from measure.store import Store
 from perfmodel.errors import PerfmodelError
 
@@ -177,13 +178,17 @@ def recover_orphans(store: Store) -> list[int]:
 def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] = (),
         link_rate_Gbps: float | None = None, progress: Update | None = None,
         oversubscribe: bool = False, timeout_s: float | None = None,
-        run_root: Path | None = None) -> StoredRun:
+        run_root: Path | None = None, protocol: RunProtocol | None = None) -> StoredRun:
     """Launch one run of `nproc` local ranks (behind a link capped at `link_rate_Gbps`, if
-    given), wait until no process of it is left, and store it."""
+    given), wait until no process of it is left, and store it. With `protocol`
+    (measure/protocol.py) it first waits for the load to settle and plans the ranks' cores;
+    what it saw goes into the run's config.json as `protocol`, stored with the run."""
     if torchrun_args and link_rate_Gbps is not None:
         raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
                              "combined with --nnodes/--rdzv-endpoint")
     prepare(store)
+    if protocol is not None:
+        config = {**config, "protocol": protocol_record(protocol, config, nproc)}
     if link_rate_Gbps is not None:
         result = launch_capped(config, nproc, link_rate_Gbps, run_root=run_root,
                                progress=progress, oversubscribe=oversubscribe,

@@ -20,6 +20,7 @@ import click
 
 from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
+from perfmodel.commands.protocol_options import make_protocol, protocol_options
 from perfmodel.errors import PerfmodelError
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/profile_writer.py
@@ -64,9 +65,10 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
                    "it is a profile, else the logs' GPU].")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@protocol_options
 def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
             rdzv_endpoint, rdzv_id, nproc_per_node, nccl_logs, traces, workload, batch_size,
-            base, files, as_json):
+            base, files, as_json, settle_load, settle_max_s, no_pin):
     """Measure this machine or cluster and write a calibrated profile.
 
     Runs the suite of real measurements the model needs (collective sweeps, per-unit compute
@@ -133,7 +135,9 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
                       bar=not as_json and sys.stderr.isatty(), lines=True,
                       announce=True) as progress:
         ids, measured = driver.measure(todo, store, torchrun=args, max_time_s=max_time_s,
-                                       progress=progress)
+                                       progress=progress,
+                                       protocol=make_protocol(settle_load, settle_max_s,
+                                                              no_pin))
     if node_rank:
         click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
         return

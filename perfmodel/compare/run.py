@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from measure import session
+from measure.protocol import RunProtocol
 from measure.session import Progress
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
@@ -130,13 +131,15 @@ class Measurements:
     failed: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     load: dict[int, float] = field(default_factory=dict)     # run id -> 1-min load average
+    protocol: dict[int, dict] = field(default_factory=dict)  # run id -> measure/protocol.py
 
 
 def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
                 repeats: int, steps: int, seed: int, max_time_s: float | None,
-                progress: Progress) -> Measurements:
+                progress: Progress, protocol: RunProtocol | None = None) -> Measurements:
     """Run every configuration `repeats` times, interleaved; store each run at once
-    (measure/session.py).
+    (measure/session.py), each after the `protocol`'s wait for a quiet machine and with its
+    ranks pinned where there are cores enough (measure/protocol.py).
 
     `progress.start(label, total)` starts one run's progress and returns its update callback;
     `progress.finish(line)` reports the run. A failed run is stored, listed and not retried;
@@ -159,12 +162,16 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
                 stored = session.run(config, h.processes, store,
                                      link_rate_Gbps=h.link_rate_Gbps or None, progress=update,
                                      oversubscribe=h.timed_wait and not h.link_rate_Gbps,
-                                     timeout_s=max_time_s)
+                                     timeout_s=max_time_s, protocol=protocol)
             except PerfmodelError as e:
                 found.skipped[h.key] = str(e)
                 progress.finish(f"{h.key}: skipped: {e}")
                 continue
-            found.load[stored.run_id] = load
+            seen = store.get_run(stored.run_id).row.config.get("protocol") or {}
+            found.load[stored.run_id] = (seen["load_after"] if seen.get("load_after")
+                                         is not None else load)
+            if seen:
+                found.protocol[stored.run_id] = seen
             if stored.ok:
                 found.ok.setdefault(h.key, []).append(stored.run_id)
             else:

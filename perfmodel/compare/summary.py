@@ -252,7 +252,8 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
             "load_range": (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"),
             "protocol": protocol, "skipped": dict(found.skipped),
             "failed": {k: v for k, v in found.failed.items()}, "repeats": repeats,
-            "steps": steps, "seed": seed, "set_a": set_a, "torch_memory_note": torch_note}
+            "steps": steps, "seed": seed, "set_a": set_a, "torch_memory_note": torch_note,
+            "run_protocol": {str(i): p for i, p in getattr(found, "protocol", {}).items()}}
 
 
 def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
