@@ -20,6 +20,10 @@ What each kind of run (measure/store.py) feeds:
   against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
 - ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
   model's, and each rank's measured peak against perfmodel/memory.py ps_memory.
+- the self-check (calibration/selfcheck.py): every training run no fit used (PS runs, and
+  runs marked `role = "check"`, which every fit leaves out) is predicted with the finished
+  profile component by component; what is off by more than its tolerance is written to
+  [calibration.self_check] and, loudly, to the notes (`self_check_warnings`).
 - repeated training configurations (same config but for the calibration repeat marker): the
   run-to-run spread, pooled CV of each run's median step time (perfmodel/uncertainty.py).
 
@@ -49,6 +53,7 @@ from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
 from calibration.hardware import detect, shipped_profile
 from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+from calibration.selfcheck import SelfCheck, check_run, is_check_run, load_tolerances
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
@@ -81,6 +86,7 @@ class Calibration:
     notes: tuple[str, ...]
     checks: dict[str, dict[str, float]]
     by_op: dict[str, dict[str, float]]        # network residuals per collective
+    self_checks: tuple[SelfCheck, ...] = ()
 
     def profile(self, name: str) -> dict[str, Any]:
         data = build_profile(name, self.base, self.fits, self.info)
@@ -89,7 +95,15 @@ class Calibration:
         table["notes"] = list(self.notes)
         table["checks"] = self.checks
         table["residuals_by_op"] = self.by_op
+        if self.self_checks:
+            table["self_check"] = {f"run{c.run_id}": c.as_table() for c in self.self_checks}
+            table["self_check_warnings"] = self.warnings
         return data
+
+    @property
+    def warnings(self) -> list[str]:
+        """The self-check's loud lines: one per component off by more than its tolerance."""
+        return [w for c in self.self_checks for w in c.warnings()]
 
 
 def fit_from_runs(store, run_ids: Sequence[int], *, name: str, base: str = "local"
@@ -115,8 +129,11 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")
     runs = [r for r in runs if r.row.status == "ok"]
     by_kind: dict[str, list] = defaultdict(list)
+    held_back = [r for r in runs if is_check_run(r)]
+    held_ids = {r.row.id for r in held_back}
     for r in runs:
-        by_kind[r.row.kind].append(r)
+        if r.row.kind == "ps" or r.row.id not in held_ids:  # PS runs only feed checks anyway
+            by_kind[r.row.kind].append(r)
     if not any(by_kind[k] for k in ("collectives", "compute", *TRAINING_KINDS)):
         raise PerfmodelError(
             f"nothing to calibrate from: runs {', '.join(map(str, run_ids)) or '(none)'} hold "
@@ -160,9 +177,37 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     info = RunInfo(host=_hosts(runs), device_names=_device_names(runs, base_cluster),
                    versions=_versions(runs), runs=len(runs), run_spread_cv=spread,
                    cpu_cores=os.cpu_count())     # fitted on the host that measured (checked)
+    self_checks = _self_checks(held_back, _as_cluster(base_cluster, fits), spread, notes)
     return Calibration(base=base_cluster, fits=fits, info=info,
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
-                       checks=checks, by_op=by_op)
+                       checks=checks, by_op=by_op, self_checks=self_checks)
+
+
+def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
+                 notes: list[str]) -> tuple[SelfCheck, ...]:
+    """Predict every run no fit used with the finished profile (calibration/selfcheck.py)."""
+    training = [r for r in held_back if r.row.kind in TRAINING_KINDS]
+    if not training:
+        notes.append("no self-check: no training run was left out of the fits (a PS run, or "
+                     "one marked role = \"check\")")
+        return ()
+    tolerances, found = load_tolerances(), []
+    for r in training:
+        try:
+            check = check_run(cluster, r, tolerances, spread)
+        except PerfmodelError as e:
+            notes.append(f"self-check of run {r.row.id} not possible: {e}")
+            continue
+        if check is not None:
+            found.append(check)
+    for c in found:
+        worst = max(c.components, key=lambda x: abs(x.error_rel), default=None)
+        if worst is not None and not c.flagged:
+            notes.append(f"self-check passed on run {c.run_id} ({c.label}, not fitted): "
+                         f"every component within tolerance, the largest error "
+                         f"{worst.component} {worst.error_rel:+.0%}")
+    notes += [w for c in found for w in c.warnings()]
+    return tuple(found)
 
 
 def _hinted(part: str, fit: Callable[[], T]) -> T:

@@ -149,6 +149,14 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
                     "reused": [i for i in ids if i not in measured]},
            "wall_s": time.monotonic() - started, **summary(written.data)}
     click.echo(json.dumps(out, indent=2) if as_json else render(out))
+    warn_self_check(written.data)
+
+
+def warn_self_check(data: dict[str, Any]) -> None:
+    """Each component the self-check flagged, one loud line on stderr (also in the
+    profile's [calibration] notes and self_check table)."""
+    for line in (data.get("calibration") or {}).get("self_check_warnings") or []:
+        click.echo(f"perfmodel: warning: {line}", err=True)
 
 
 # ---------------------------------------------------------------- summary
@@ -159,7 +167,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     table = data["calibration"]
     return {key: table.get(key) for key in (
         "residuals", "run_spread_cv", "network_rms_rel", "compute_rms_rel",
-        "residuals_by_op", "checks", "measured", "unmeasured", "notes")} | {
+        "residuals_by_op", "checks", "self_check", "measured", "unmeasured", "notes")} | {
         "provenance": {k: data["provenance"][k] for k in ("date", "host", "versions", "runs",
                                                           "devices")}}
 
@@ -193,6 +201,14 @@ def render(out: dict[str, Any]) -> str:
         for name, c in checks.items():
             lines.append(f"    {name:<40} {_quantity(name, c['model'])} vs "
                          f"{_quantity(name, c['measured'])} ({c['rel']:+.0%})")
+    for run, check in (out.get("self_check") or {}).items():
+        lines += ["", f"  self-check on {run} ({check['label']}), a run the fit did not use:"]
+        for name, c in check.items():
+            if isinstance(c, dict):
+                lines.append(f"    {name:<20} predicted {c['predicted_s'] * 1e3:,.2f} ms vs "
+                             f"measured {c['measured_s'] * 1e3:,.2f} ms ({c['error_rel']:+.0%},"
+                             f" tolerance ±{c['tolerance_rel']:.0%})"
+                             + ("  <-- OFF" if name in check["flagged"] else ""))
     if out.get("unmeasured"):
         lines += ["", f"  kept from '{out['base']}' (not measured): "
                   + ", ".join(out["unmeasured"])]

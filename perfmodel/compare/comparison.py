@@ -87,6 +87,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         store, cluster, profile_path=profile_path, calibrate=calibrate, here=here,
         allow=allow_other_host, max_time_s=max_time_s, quick=quick,
         progress=calibration_progress, run_protocol=run_protocol)
+    notes = [*notes, *(f"Calibration {w}" for w in
+                       (data.get("calibration") or {}).get("self_check_warnings") or [])]
     protocol.check_disjoint(held_out, suite_configs)
     out.mkdir(parents=True, exist_ok=True)
     profile = write_profile(data, out / "profile.toml")
