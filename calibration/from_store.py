@@ -26,6 +26,9 @@ What each kind of run (measure/store.py) feeds:
   [calibration.self_check] and, loudly, to the notes (`self_check_warnings`).
 - repeated training configurations (same config but for the calibration repeat marker): the
   run-to-run spread, pooled CV of each run's median step time (perfmodel/uncertainty.py).
+- the DDP/FSDP runs the fits used, predicted with the finished profile: `step_rms_rel`, the
+  RMS of log(predicted / measured) mean step time, in-sample; with the run-to-run spread it
+  sets the width of every prediction interval from this profile (perfmodel/uncertainty.py).
 
 A part without data keeps the base profile's value and is listed as unmeasured; a part with
 data that cannot be fitted is a PerfmodelError naming the measurements missing and the
@@ -53,7 +56,14 @@ from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
 from calibration.hardware import detect, shipped_profile
 from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
-from calibration.selfcheck import SelfCheck, check_run, is_check_run, load_tolerances
+from calibration.selfcheck import (
+    SelfCheck,
+    check_run,
+    is_check_run,
+    load_tolerances,
+    measured_components,
+    predicted_components,
+)
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
@@ -177,10 +187,38 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     info = RunInfo(host=_hosts(runs), device_names=_device_names(runs, base_cluster),
                    versions=_versions(runs), runs=len(runs), run_spread_cv=spread,
                    cpu_cores=os.cpu_count())     # fitted on the host that measured (checked)
-    self_checks = _self_checks(held_back, _as_cluster(base_cluster, fits), spread, notes)
+    finished = _as_cluster(base_cluster, fits)
+    step_rms, step_runs = _step_residual([r for k in ("ddp", "fsdp") for r in by_kind[k]],
+                                         finished, notes)
+    info = dataclasses.replace(info, step_rms_rel=step_rms, step_rms_runs=step_runs)
+    self_checks = _self_checks(held_back, finished, spread, notes)
     return Calibration(base=base_cluster, fits=fits, info=info,
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
                        checks=checks, by_op=by_op, self_checks=self_checks)
+
+
+def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]
+                   ) -> tuple[float | None, int]:
+    """RMS of log(predicted / measured) mean step time over the DDP/FSDP runs the fits used
+    (in-sample: the model's error at the step level, with those runs' own noise)."""
+    logs = []
+    for r in fitted:
+        measured = measured_components(r).get("step")
+        if not measured:
+            continue
+        try:
+            predicted = predicted_components(cluster, r)["step"]
+        except PerfmodelError as e:
+            notes.append(f"step residual of run {r.row.id} not computed: {e}")
+            continue
+        logs.append(math.log(predicted / measured))
+    if not logs:
+        return None, 0
+    rms = math.sqrt(sum(v * v for v in logs) / len(logs))
+    notes.append(f"step-time residual of the {len(logs)} fitted DDP/FSDP runs: {rms:.1%} RMS "
+                 f"(log), bias {math.expm1(sum(logs) / len(logs)):+.1%}: the width of this "
+                 f"profile's prediction intervals with the run-to-run spread")
+    return rms, len(logs)
 
 
 def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,

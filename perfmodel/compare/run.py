@@ -37,7 +37,7 @@ from perfmodel.compare.protocol import (
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
-from perfmodel.uncertainty import CalibrationErrors, prediction_interval
+from perfmodel.uncertainty import CalibrationErrors, interval_for
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 
@@ -78,15 +78,13 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
 
 
 def step_interval(p: Prediction, errors: CalibrationErrors | None):
-    """The step time's prediction interval from the calibration's errors (None without)."""
+    """The step time's prediction interval from the calibration's errors (None without):
+    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py)."""
     if errors is None:
         return None
     s = p.summary
-    c = min(max(s.compute_s / s.step_time_s.mean, 0.0), 1.0)
-    return prediction_interval(s.step_time_s.mean, network_rms_rel=errors.network_rms_rel,
-                               compute_rms_rel=errors.compute_rms_rel,
-                               run_spread_cv=errors.run_spread_cv, compute_share=c,
-                               network_share=1.0 - c)
+    return interval_for(s.step_time_s.mean, errors,
+                        compute_share=s.compute_s / s.step_time_s.mean)[0]
 
 
 def timeline(p: Prediction) -> dict[str, Any]:
