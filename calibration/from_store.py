@@ -97,6 +97,7 @@ class Calibration:
     checks: dict[str, dict[str, float]]
     by_op: dict[str, dict[str, float]]        # network residuals per collective
     self_checks: tuple[SelfCheck, ...] = ()
+    spread_warning: str | None = None         # the repeats spread more than they should
 
     def profile(self, name: str) -> dict[str, Any]:
         data = build_profile(name, self.base, self.fits, self.info)
@@ -107,13 +108,15 @@ class Calibration:
         table["residuals_by_op"] = self.by_op
         if self.self_checks:
             table["self_check"] = {f"run{c.run_id}": c.as_table() for c in self.self_checks}
+        if self.self_checks or self.spread_warning:
             table["self_check_warnings"] = self.warnings
         return data
 
     @property
     def warnings(self) -> list[str]:
         """The self-check's loud lines: one per component off by more than its tolerance."""
-        return [w for c in self.self_checks for w in c.warnings()]
+        return ([self.spread_warning] if self.spread_warning else []) + [
+            w for c in self.self_checks for w in c.warnings()]
 
 
 def fit_from_runs(store, run_ids: Sequence[int], *, name: str, base: str = "local"
@@ -192,9 +195,12 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                                          finished, notes)
     info = dataclasses.replace(info, step_rms_rel=step_rms, step_rms_runs=step_runs)
     self_checks = _self_checks(held_back, finished, spread, notes)
+    spread_warning = load_tolerances().spread_warning(spread)
+    notes += [spread_warning] if spread_warning else []
     return Calibration(base=base_cluster, fits=fits, info=info,
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
-                       checks=checks, by_op=by_op, self_checks=self_checks)
+                       checks=checks, by_op=by_op, self_checks=self_checks,
+                       spread_warning=spread_warning)
 
 
 def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]

@@ -14,14 +14,18 @@ measurement component by component (`components`):
   exposed communication + waiting.
 
 Measured values are means over every training rank's timed steps (as perfmodel/compare
-measures them). A component whose relative error (predicted − measured) / measured exceeds
-its tolerance is flagged; tolerances are stated in calibration/data/self_check.toml with
-their source, widened to `noise_multiple` x the run-to-run CV the calibration measured. The
-check is generic over components: `compare_components` takes any named pairs.
+measures them). A component is flagged when predicted / measured lies outside
+[1/(1+t), 1+t] for its tolerance t (symmetric in the ratio, so an under-prediction is caught
+however wide t is); t is stated in calibration/data/self_check.toml with its source,
+widened to `noise_multiple` x the run-to-run CV the calibration measured and capped at
+`max_tolerance_rel` (a 2x miss is always flagged). A run-to-run CV above `max_run_spread_cv`
+is flagged too (`spread_warning`). The check is generic over components:
+`compare_components` takes any named pairs.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,13 +51,25 @@ class Tolerances:
 
     tolerance_rel: Mapping[str, float]
     noise_multiple: float
+    max_tolerance_rel: float = 0.8
+    max_run_spread_cv: float = 0.25
 
     def for_component(self, component: str, run_spread_cv: float | None) -> float:
         if component not in self.tolerance_rel:
             raise PerfmodelError(f"no self-check tolerance for component '{component}' in "
                                  f"{TOLERANCES_FILE}")
         noise = self.noise_multiple * (run_spread_cv or 0.0)
-        return max(self.tolerance_rel[component], noise)
+        return min(max(self.tolerance_rel[component], noise), self.max_tolerance_rel)
+
+    def spread_warning(self, run_spread_cv: float | None) -> str | None:
+        """A loud line when the calibration's own repeats spread more than a shared machine
+        should (None when they do not, or were not measured)."""
+        if run_spread_cv is None or run_spread_cv <= self.max_run_spread_cv:
+            return None
+        return (f"SELF-CHECK FAILED: the calibration's repeated runs spread "
+                f"{run_spread_cv:.0%} (CV), above the {self.max_run_spread_cv:.0%} a shared "
+                f"machine shows: the machine was too busy to calibrate on; its fits and "
+                f"intervals carry that noise (calibrate again on a quieter machine)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,7 +85,9 @@ class ComponentCheck:
 
     @property
     def flagged(self) -> bool:
-        return abs(self.error_rel) > self.tolerance_rel
+        """predicted / measured outside [1/(1+t), 1+t]."""
+        ratio = self.predicted_s / self.measured_s
+        return not ratio > 0 or abs(math.log(ratio)) > math.log1p(self.tolerance_rel)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,9 +106,10 @@ class SelfCheck:
         """One loud line per component off by more than its tolerance."""
         return [f"SELF-CHECK FAILED: {c.component} of run {self.run_id} ({self.label}), not "
                 f"used in the fit, is predicted {c.predicted_s * 1e3:.3g} ms against "
-                f"{c.measured_s * 1e3:.3g} ms measured ({c.error_rel:+.0%}, tolerance "
-                f"±{c.tolerance_rel:.0%}); predictions that lean on {c.component} are not to "
-                f"be trusted from this profile" for c in self.flagged]
+                f"{c.measured_s * 1e3:.3g} ms measured ({c.error_rel:+.0%}; tolerance: "
+                f"a factor {1 + c.tolerance_rel:.2f} either way); predictions that lean on "
+                f"{c.component} are not to be trusted from this profile"
+                for c in self.flagged]
 
     def as_table(self) -> dict[str, Any]:
         """The profile's [calibration.self_check."run<ID>"] table."""
@@ -105,11 +124,14 @@ def load_tolerances(path: Path = TOLERANCES_FILE) -> Tolerances:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         table = {str(k): float(v) for k, v in data["tolerance_rel"].items()}
         multiple = float(data["noise_multiple"])
+        cap, spread = float(data["max_tolerance_rel"]), float(data["max_run_spread_cv"])
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise PerfmodelError(f"{path}: cannot read the self-check tolerances ({e})") from None
-    if not all(v > 0 for v in table.values()) or not multiple >= 0:
-        raise PerfmodelError(f"{path}: tolerances must be > 0 and noise_multiple >= 0")
-    return Tolerances(tolerance_rel=table, noise_multiple=multiple)
+    if not all(0 < v <= cap for v in table.values()) or not multiple >= 0 or not spread > 0:
+        raise PerfmodelError(f"{path}: tolerances must be > 0 and <= max_tolerance_rel, "
+                             f"noise_multiple >= 0 and max_run_spread_cv > 0")
+    return Tolerances(tolerance_rel=table, noise_multiple=multiple, max_tolerance_rel=cap,
+                      max_run_spread_cv=spread)
 
 
 def compare_components(predicted: Mapping[str, float], measured: Mapping[str, float],
