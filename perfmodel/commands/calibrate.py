@@ -209,8 +209,8 @@ def render(out: dict[str, Any]) -> str:
         for name, c in check.items():
             if isinstance(c, dict):
                 lines.append(f"    {name:<20} predicted {c['predicted_s'] * 1e3:,.2f} ms vs "
-                             f"measured {c['measured_s'] * 1e3:,.2f} ms ({c['error_rel']:+.0%},"
-                             f" tolerance ±{c['tolerance_rel']:.0%})"
+                             f"measured {c['measured_s'] * 1e3:,.2f} ms ({c['error_rel']:+.0%};"
+                             f" tolerance x{1 + c['tolerance_rel']:.2f} either way)"
                              + ("  <-- OFF" if name in check["flagged"] else ""))
     if out.get("unmeasured"):
         lines += ["", f"  kept from '{out['base']}' (not measured): "
