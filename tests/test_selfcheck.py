@@ -169,3 +169,18 @@ def test_a_run_marked_as_the_check_is_left_out_of_every_fit(tmp_path, fixture_ru
         c.label for c in before.self_checks}
     # the overlap fit lost the run's steps: its point count drops
     assert after.fits.overlap_slowdown.points < before.fits.overlap_slowdown.points
+
+
+def test_calibrate_table_marks_each_flagged_component(tmp_path, fixture_runs):
+    from perfmodel.commands.calibrate import render, summary
+
+    store = _store(tmp_path, fixture_runs)
+    ids = [r.id for r in store.list_runs() if r.config.get("calibration")]
+    data = calibrate_runs(store, ids).profile("local")
+    out = {"cluster": "local", "profile": "p.toml", "backup": None, "base": "local",
+           "base_reason": "r", "runs": {"used": ids, "measured": [], "reused": ids},
+           "wall_s": 1.0, **summary(data)}
+    text = render(out)
+    assert "a run the fit did not use" in text
+    round_trip = next(x for x in text.splitlines() if x.strip().startswith("ps_round_trip "))
+    assert "<-- OFF" in round_trip and "x1.35 either way" in round_trip
