@@ -216,3 +216,14 @@ def test_compare_reports_the_noise_floor_per_configuration_and_in_the_headline(t
     assert "20.0 %" in line_a and "14.8 %" in line_a and "3 of 3" in line_a
     line_b = next(x for x in md.splitlines() if x.startswith("| b | 3 |"))
     assert "0.0 %" in line_b and "0 of 3" in line_b and "30" in line_b   # waited 3 x 10 s
+
+
+def test_elastic_runs_settle_but_are_never_pinned():
+    from measure.session import with_protocol
+
+    config = {"kind": "elastic_ddp", "threads_per_worker": 1}
+    assert with_protocol(config, 2, None) is config
+    out = with_protocol(config, 2, RunProtocol(), no_pin="elastic runs restart their ranks")
+    assert out["protocol"]["pinned"] is False and out["protocol"]["pin_cores"] == []
+    assert out["protocol"]["pin_skipped"] == "elastic runs restart their ranks"
+    assert "protocol" not in config                      # the caller's dict is left alone

@@ -110,7 +110,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                             protocol=run_protocol)
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
-        progress=progress)
+        progress=progress, protocol=run_protocol)
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
     twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
