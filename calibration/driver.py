@@ -21,6 +21,7 @@ from calibration.from_store import fit_from_runs
 from calibration.profile_writer import write_profile
 from calibration.suite import Measurement, reusable_run
 from measure import session
+from measure.protocol import RunProtocol
 from measure.session import NoProgress, Progress
 from measure.store import Store
 from perfmodel.errors import RunFailedError
@@ -63,9 +64,10 @@ def plan(suite: Sequence[Measurement], store: Store, *, fresh: bool, host: str,
 
 
 def measure(suite_plan: SuitePlan, store: Store, *, torchrun: Sequence[str] = (),
-            max_time_s: float | None = None, progress: Progress | None = None
-            ) -> tuple[list[int], list[int]]:
+            max_time_s: float | None = None, progress: Progress | None = None,
+            protocol: RunProtocol | None = None) -> tuple[list[int], list[int]]:
     """Run the measurements still to do; return (run ids of the suite, ids run now).
+    `protocol` (measure/protocol.py): settle and pin before each run (None: neither).
 
     A failed measurement stops the calibration (RunFailedError; what finished is stored);
     Ctrl-C stores the run and raises KeyboardInterrupt.
@@ -78,7 +80,7 @@ def measure(suite_plan: SuitePlan, store: Store, *, torchrun: Sequence[str] = ()
         update = progress.start(f"[{i}/{len(todo)}] {m.label}", m.progress_total)
         stored = session.run(m.config, m.nproc, store,
                              torchrun_args=torchrun if m.multinode else (),
-                             progress=update, timeout_s=max_time_s)
+                             progress=update, timeout_s=max_time_s, protocol=protocol)
         progress.finish(stored.outcome(m.label))
         if stored.interrupted:
             raise KeyboardInterrupt
@@ -94,10 +96,12 @@ def measure(suite_plan: SuitePlan, store: Store, *, torchrun: Sequence[str] = ()
 
 def run_suite(suite: Sequence[Measurement], store: Store, *, fresh: bool, host: str,
               torch: str | None, torchrun: Sequence[str] = (), max_time_s: float | None = None,
-              progress: Progress | None = None) -> tuple[list[int], list[int]]:
+              progress: Progress | None = None, protocol: RunProtocol | None = None
+              ) -> tuple[list[int], list[int]]:
     """`plan` then `measure`: (run ids of the suite, ids run now)."""
     return measure(plan(suite, store, fresh=fresh, host=host, torch=torch), store,
-                   torchrun=torchrun, max_time_s=max_time_s, progress=progress)
+                   torchrun=torchrun, max_time_s=max_time_s, progress=progress,
+                   protocol=protocol)
 
 
 def fit_and_write(cluster: str, ids: Sequence[int], store: Store, *, base: str,

@@ -20,8 +20,15 @@ What each kind of run (measure/store.py) feeds:
   against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
 - ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
   model's, and each rank's measured peak against perfmodel/memory.py ps_memory.
+- the self-check (calibration/selfcheck.py): every training run no fit used (PS runs, and
+  runs marked `role = "check"`, which every fit leaves out) is predicted with the finished
+  profile component by component; what is off by more than its tolerance is written to
+  [calibration.self_check] and, loudly, to the notes (`self_check_warnings`).
 - repeated training configurations (same config but for the calibration repeat marker): the
   run-to-run spread, pooled CV of each run's median step time (perfmodel/uncertainty.py).
+- the DDP/FSDP runs the fits used, predicted with the finished profile: `step_rms_rel`, the
+  RMS of log(predicted / measured) mean step time, in-sample; with the run-to-run spread it
+  sets the width of every prediction interval from this profile (perfmodel/uncertainty.py).
 
 A part without data keeps the base profile's value and is listed as unmeasured; a part with
 data that cannot be fitted is a PerfmodelError naming the measurements missing and the
@@ -49,6 +56,14 @@ from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
 from calibration.hardware import detect, shipped_profile
 from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+from calibration.selfcheck import (
+    SelfCheck,
+    check_run,
+    is_check_run,
+    load_tolerances,
+    measured_components,
+    predicted_components,
+)
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
@@ -81,6 +96,8 @@ class Calibration:
     notes: tuple[str, ...]
     checks: dict[str, dict[str, float]]
     by_op: dict[str, dict[str, float]]        # network residuals per collective
+    self_checks: tuple[SelfCheck, ...] = ()
+    spread_warning: str | None = None         # the repeats spread more than they should
 
     def profile(self, name: str) -> dict[str, Any]:
         data = build_profile(name, self.base, self.fits, self.info)
@@ -89,7 +106,17 @@ class Calibration:
         table["notes"] = list(self.notes)
         table["checks"] = self.checks
         table["residuals_by_op"] = self.by_op
+        if self.self_checks:
+            table["self_check"] = {f"run{c.run_id}": c.as_table() for c in self.self_checks}
+        if self.self_checks or self.spread_warning:
+            table["self_check_warnings"] = self.warnings
         return data
+
+    @property
+    def warnings(self) -> list[str]:
+        """The self-check's loud lines: one per component off by more than its tolerance."""
+        return ([self.spread_warning] if self.spread_warning else []) + [
+            w for c in self.self_checks for w in c.warnings()]
 
 
 def fit_from_runs(store, run_ids: Sequence[int], *, name: str, base: str = "local"
@@ -115,8 +142,11 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")
     runs = [r for r in runs if r.row.status == "ok"]
     by_kind: dict[str, list] = defaultdict(list)
+    held_back = [r for r in runs if is_check_run(r)]
+    held_ids = {r.row.id for r in held_back}
     for r in runs:
-        by_kind[r.row.kind].append(r)
+        if r.row.kind == "ps" or r.row.id not in held_ids:  # PS runs only feed checks anyway
+            by_kind[r.row.kind].append(r)
     if not any(by_kind[k] for k in ("collectives", "compute", *TRAINING_KINDS)):
         raise PerfmodelError(
             f"nothing to calibrate from: runs {', '.join(map(str, run_ids)) or '(none)'} hold "
@@ -160,9 +190,68 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     info = RunInfo(host=_hosts(runs), device_names=_device_names(runs, base_cluster),
                    versions=_versions(runs), runs=len(runs), run_spread_cv=spread,
                    cpu_cores=os.cpu_count())     # fitted on the host that measured (checked)
+    finished = _as_cluster(base_cluster, fits)
+    step_rms, step_runs = _step_residual([r for k in ("ddp", "fsdp") for r in by_kind[k]],
+                                         finished, notes)
+    info = dataclasses.replace(info, step_rms_rel=step_rms, step_rms_runs=step_runs)
+    self_checks = _self_checks(held_back, finished, spread, notes)
+    spread_warning = load_tolerances().spread_warning(spread)
+    notes += [spread_warning] if spread_warning else []
     return Calibration(base=base_cluster, fits=fits, info=info,
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
-                       checks=checks, by_op=by_op)
+                       checks=checks, by_op=by_op, self_checks=self_checks,
+                       spread_warning=spread_warning)
+
+
+def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]
+                   ) -> tuple[float | None, int]:
+    """RMS of log(predicted / measured) mean step time over the DDP/FSDP runs the fits used
+    (in-sample: the model's error at the step level, with those runs' own noise)."""
+    logs = []
+    for r in fitted:
+        measured = measured_components(r).get("step")
+        if not measured:
+            continue
+        try:
+            predicted = predicted_components(cluster, r)["step"]
+        except PerfmodelError as e:
+            notes.append(f"step residual of run {r.row.id} not computed: {e}")
+            continue
+        logs.append(math.log(predicted / measured))
+    if not logs:
+        return None, 0
+    rms = math.sqrt(sum(v * v for v in logs) / len(logs))
+    notes.append(f"step-time residual of the {len(logs)} fitted DDP/FSDP runs: {rms:.1%} RMS "
+                 f"(log), bias {math.expm1(sum(logs) / len(logs)):+.1%}: the width of this "
+                 f"profile's prediction intervals with the run-to-run spread")
+    return rms, len(logs)
+
+
+def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
+                 notes: list[str]) -> tuple[SelfCheck, ...]:
+    """Predict every run no fit used with the finished profile (calibration/selfcheck.py)."""
+    training = [r for r in held_back if r.row.kind in TRAINING_KINDS]
+    if not training:
+        notes.append("no self-check: no training run was left out of the fits (a PS run, or "
+                     "one marked role = \"check\")")
+        return ()
+    tolerances, found = load_tolerances(), []
+    for r in training:
+        try:
+            check = check_run(cluster, r, tolerances, spread)
+        except PerfmodelError as e:
+            notes.append(f"self-check of run {r.row.id} not possible: {e}")
+            continue
+        if check is not None:
+            found.append(check)
+    for c in found:
+        worst = max(c.components, key=lambda x: abs(x.error_rel), default=None)
+        if worst is not None and not c.flagged:
+            notes.append(f"self-check passed on run {c.run_id} ({c.label}, not fitted): "
+                         f"every component within tolerance, the largest error "
+                         f"{worst.component} {worst.error_rel:+.0%}")
+    notes += [w for c in found for w in c.warnings()]
+    return tuple(found)
 
 
 def _hinted(part: str, fit: Callable[[], T]) -> T:
@@ -376,7 +465,8 @@ def _run_spread(runs) -> tuple[float | None, int]:
 def same_configuration(config: dict[str, Any]) -> str:
     """A run's config without what differs between repeats of one measurement."""
     return json.dumps({k: v for k, v in config.items()
-                       if k not in ("calibration", "oversubscribed")}, sort_keys=True)
+                       if k not in ("calibration", "oversubscribed", "protocol")},
+                      sort_keys=True)
 
 
 def _summary(run, key: str) -> float | None:

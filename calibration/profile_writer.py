@@ -70,6 +70,8 @@ class RunInfo:
     versions: str                   # e.g. "torch 2.13.0, gloo"
     runs: int                       # measurement runs the fits used
     run_spread_cv: float | None = None   # run-to-run CV of a repeated configuration's step
+    step_rms_rel: float | None = None    # RMS log error of the fitted runs' mean step time
+    step_rms_runs: int = 0               # how many runs that residual is over
     cpu_cores: int | None = None    # cores of the host (for a CPU base's comm_cpu_cores_per_node)
     date: str = ""                  # ISO 8601; "" = now, in UTC
 
@@ -179,6 +181,9 @@ def _errors(fits: MeasuredFits, info: RunInfo) -> dict[str, float]:
         out["compute_rms_rel"] = fits.compute.overhead_us_per_unit.rms_rel
     if info.run_spread_cv is not None:
         out["run_spread_cv"] = info.run_spread_cv
+    if info.step_rms_rel is not None:
+        out["step_rms_rel"] = info.step_rms_rel
+        out["step_rms_runs"] = info.step_rms_runs
     return out
 
 

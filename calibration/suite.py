@@ -17,7 +17,13 @@ it feeds (calibration/from_store.py):
   run-to-run spread of a repeated configuration), the second once (a second model size, so
   the memory fit can tell a constant from a fraction).
 - ps: the first workload with one worker (no queue at the server): checks of the server round
-  trip and of the PS memory model.
+  trip and of the PS memory model. No fit uses it: it is the run the calibration checks
+  itself on (calibration/selfcheck.py).
+
+The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
+alternate with the other training runs (ddp 1, ddp mlp, ddp 2, ps, ddp 3) instead of running
+back to back, so that a change in the machine's load during the calibration does not sit in
+one configuration's repeats.
 
 On this 2-core host a launch spends most of its time importing torch (3-8 s per process,
 more when the host is busy), so the suite is a few launches doing several things each.
@@ -44,6 +50,7 @@ from measure.configs import (
     progress_total,
     training_config,
 )
+from measure.protocol import interleave
 from perfmodel.errors import PerfmodelError
 from perfmodel.workload import load_workload
 
@@ -141,7 +148,16 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 _training("ddp", w, ranks, size.steps, {}, common), r)
     add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
         _training("ps", names[0], 1, size.steps, {"mode": "sync"}, common))
-    return tuple(out)
+    return _interleave_training(out, f"ddp-{names[0]}")
+
+
+def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:
+    """The suite with the repeats of `repeated` alternating with the other training runs."""
+    training = [m for m in out if m.config["kind"] in ("ddp", "fsdp", "ps")]
+    rest = [m for m in out if m not in training]
+    repeats = [m for m in training if m.key.rsplit("-", 1)[0] == repeated]
+    others = [m for m in training if m not in repeats]
+    return tuple(rest + interleave([repeats, others]))
 
 
 def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:
@@ -164,6 +180,7 @@ def comparable(config: dict[str, Any]) -> str:
     """A config as JSON, without what the launcher adds, for comparing stored runs."""
     clean = json.loads(json.dumps(config))
     clean.pop("oversubscribed", None)
+    clean.pop("protocol", None)         # the load and pinning a run saw (measure/protocol.py)
     return json.dumps(clean, sort_keys=True)
 
 

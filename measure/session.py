@@ -28,6 +28,7 @@ reads about it comes from measure/summary.py. Progress goes to an optional callb
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -53,6 +54,7 @@ from measure.launch import (
     signal_pids,
 )
 from measure.netem import launch_capped
+from measure.protocol import RunProtocol, protocol_record
 from measure.store import Store
 from perfmodel.errors import PerfmodelError
 
@@ -177,13 +179,16 @@ def recover_orphans(store: Store) -> list[int]:
 def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] = (),
         link_rate_Gbps: float | None = None, progress: Update | None = None,
         oversubscribe: bool = False, timeout_s: float | None = None,
-        run_root: Path | None = None) -> StoredRun:
+        run_root: Path | None = None, protocol: RunProtocol | None = None) -> StoredRun:
     """Launch one run of `nproc` local ranks (behind a link capped at `link_rate_Gbps`, if
-    given), wait until no process of it is left, and store it."""
+    given), wait until no process of it is left, and store it. With `protocol`
+    (measure/protocol.py) it first waits for the load to settle and plans the ranks' cores;
+    what it saw goes into the run's config.json as `protocol`, stored with the run."""
     if torchrun_args and link_rate_Gbps is not None:
         raise PerfmodelError("--link-rate-Gbps emulates two nodes on this host; it cannot be "
                              "combined with --nnodes/--rdzv-endpoint")
     prepare(store)
+    config = with_protocol(config, nproc, protocol)
     if link_rate_Gbps is not None:
         result = launch_capped(config, nproc, link_rate_Gbps, run_root=run_root,
                                progress=progress, oversubscribe=oversubscribe,
@@ -195,13 +200,31 @@ def run(config: dict, nproc: int, store: Store, *, torchrun_args: Sequence[str] 
     return store_result(store, result)
 
 
+def with_protocol(config: dict, nproc: int, protocol: RunProtocol | None, *,
+                  no_pin: str = "") -> dict:
+    """`config` with the protocol's record (measure/protocol.py: settle first, then plan
+    the pinning; `no_pin` says why this kind of run is never pinned)."""
+    if protocol is None:
+        return config
+    if no_pin:
+        protocol = dataclasses.replace(protocol, pin=False)
+    record = protocol_record(protocol, config, nproc)
+    if no_pin:
+        record["pin_skipped"] = no_pin
+    return {**config, "protocol": record}
+
+
 def run_elastic_ddp(config: dict, nproc: int, kills: Sequence[Kill], store: Store, *,
                     min_nodes: int = 1, max_nodes: int = 2, max_restarts: int | None = None,
                     timeout_s: float | None = None, progress: Update | None = None,
-                    oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
-    """An elastic DDP run with `kills`, stored with the launcher's recovery records."""
+                    oversubscribe: bool = False, run_root: Path | None = None,
+                    protocol: RunProtocol | None = None) -> StoredRun:
+    """An elastic DDP run with `kills`, stored with the launcher's recovery records
+    (settled first with `protocol`; never pinned: torchrun restarts its ranks)."""
     check_kills(kills, nproc, int(config.get("steps", 0)))
     prepare(store)
+    config = with_protocol(config, nproc, protocol,
+                           no_pin="elastic runs restart their ranks: not pinned")
     result, found = launch_elastic(config, nproc, kills, min_nodes=min_nodes,
                                    max_nodes=max_nodes, max_restarts=max_restarts,
                                    run_root=run_root, timeout_s=timeout_s, progress=progress,
@@ -211,10 +234,14 @@ def run_elastic_ddp(config: dict, nproc: int, kills: Sequence[Kill], store: Stor
 
 def run_membership_ps(config: dict, workers: int, store: Store, *,
                       timeout_s: float | None = None, progress: Update | None = None,
-                      oversubscribe: bool = False, run_root: Path | None = None) -> StoredRun:
-    """An asynchronous PS run that a worker leaves and a standby joins, stored."""
+                      oversubscribe: bool = False, run_root: Path | None = None,
+                      protocol: RunProtocol | None = None) -> StoredRun:
+    """An asynchronous PS run that a worker leaves and a standby joins, stored (settled
+    first with `protocol`; never pinned: the standby is launched apart)."""
     check_membership_ps(config, workers)
     prepare(store)
+    config = with_protocol(config, workers + 1, protocol,
+                           no_pin="a standby joins from another launch: not pinned")
     result = launch_membership_ps(config, workers, run_root=run_root, timeout_s=timeout_s,
                                   progress=progress, oversubscribe=oversubscribe,
                                   journal=store.journal_dir)

@@ -29,6 +29,9 @@ def summarize(run) -> dict[str, Any]:
         "backend": row.backend, "wall_s": row.wall_s, "oversubscribed": bool(row.oversubscribed),
         "link_rate_Gbps": row.link_rate_Gbps,
     }
+    seen = row.config.get("protocol")
+    if seen:                            # measure/protocol.py: the wait and the pinning
+        out["protocol"] = seen
     steps = run.table("steps")
     if steps:
         wall = np.array([s["wall_s"] for s in steps], dtype=float)
@@ -83,6 +86,17 @@ def render(s: dict[str, Any]) -> str:
             + (", OVERSUBSCRIBED" if s["oversubscribed"] else "")
             + f": {s['status'].upper()}" + (f" — {s['reason']}" if s["reason"] else ""))
     lines = [head]
+    if s.get("protocol"):
+        p = s["protocol"]
+        load = (f"1-min load {p['load_before']:.2f} -> {p['load_after']:.2f}"
+                if p.get("load_before") is not None and p.get("load_after") is not None
+                else "1-min load unknown")
+        waited = (f" after waiting {p['waited_s']:.0f} s"
+                  + ("" if p.get("settled") else " (did not settle)")
+                  if "waited_s" in p else "")
+        pinned = ("ranks pinned to cores " + ", ".join(str(c) for c in p["pin_cores"])
+                  if p.get("pinned") else f"not pinned ({p.get('pin_skipped', '?')})")
+        lines.append(f"  machine          {load}{waited}; {pinned}")
     if "step_time_s" in s:
         st = s["step_time_s"]
         lines += [f"  throughput       {s['throughput_samples_per_s']:,.1f} samples/s",

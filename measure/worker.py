@@ -20,6 +20,7 @@ from pathlib import Path
 
 from measure.context import RunContext
 from measure.lifeline import tie_rank_to_torchrun
+from measure.protocol import apply_pin
 from measure.recorder import Recorder
 
 
@@ -33,6 +34,7 @@ def main(argv: list[str]) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     recorder = Recorder(run_dir, rank)
+    pinned = apply_pin(config, local_rank)      # before torch starts its threads
 
     import torch
     import torch.distributed as dist
@@ -53,7 +55,7 @@ def main(argv: list[str]) -> int:
                            if backend == "nccl" else None)
         recorder.write("start", backend=backend, device=device, world_size=world,
                        torch_version=torch.__version__, backend_version=backend_version,
-                       host=os.uname().nodename)
+                       host=os.uname().nodename, pinned_cores=list(pinned))
         importlib.import_module(f"measure.runs.{config['kind']}").run(ctx)
         recorder.write("done")
         return 0

@@ -25,7 +25,7 @@ from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.stats import quantile
-from perfmodel.uncertainty import PredictionInterval, prediction_interval
+from perfmodel.uncertainty import PredictionInterval, interval_for
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -217,13 +217,6 @@ def step_time_interval(scenario: Scenario, summary: Summary
                       f"run_spread_cv: its calibration did not measure the network, compute "
                       f"and a repeated run, so there is no interval")
     point = summary.step_time_s.mean
-    compute_share = min(max(summary.compute_s / point, 0.0), 1.0)
-    interval = prediction_interval(
-        point, network_rms_rel=errors.network_rms_rel, compute_rms_rel=errors.compute_rms_rel,
-        run_spread_cv=errors.run_spread_cv, compute_share=compute_share,
-        network_share=1.0 - compute_share)
-    source = (f"calibration residuals of {cluster.path.name} (compute {errors.compute_rms_rel:.0%}"
-              f" and network {errors.network_rms_rel:.0%} RMS, weighted by this step's "
-              f"{compute_share:.0%} compute share) and run-to-run spread "
-              f"{errors.run_spread_cv:.0%}; log-normal")
+    interval, how = interval_for(point, errors, compute_share=summary.compute_s / point)
+    source = f"{how} ({cluster.path.name})"
     return interval, source

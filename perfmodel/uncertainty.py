@@ -19,6 +19,29 @@ errors multiply, and the interval must stay positive), the interval at coverage 
 so its relative half-width is ≈ z·σ for small σ. This is a lower bound away from the
 calibrated range: residuals measure the error where the model was fitted, not extrapolation
 error; they also already contain part of the run-to-run noise, which errs on the wide side.
+
+Why that made the intervals ±52–75 % wide (issue 14), and what replaces it. r_c and r_n are
+the RMS residuals of single small timings: one unit's forward or backward pass, one
+collective of 1 KiB–16 MiB. On a shared 2-core host those are dominated by the noise of a
+single short timing (gloo's small-message latency is bimodal, 0.35–4 ms, because ranks wait
+for a core: DESIGN.md), which averages out over a step's many units and messages; the local
+profiles of 2026-12-02/03 had r_n = 0.50–0.52 and r_c = 0.28–0.31 while the same profiles'
+fitted DDP runs were predicted within 13–27 %. Stacking the two point residuals per
+component, each at a share of 1 by default, counted that point noise twice.
+
+A measured profile that says `step_rms_rel` (calibration/from_store.py) gets the step-level
+interval instead:
+
+    σ² = r_step² + s²
+
+r_step: the RMS of log(predicted / measured) mean step time over the training runs the
+calibration *fitted* (set A's DDP/FSDP runs: in-sample, so no held-out run is used and none
+could be); it holds the model's error at the step level, where the noise of single timings
+has averaged out, plus those runs' own run-to-run noise. s: the run-to-run CV of the
+calibration's repeated configuration (its repeats interleaved with the other runs,
+measure/protocol.py). s is counted twice (once inside r_step), which errs on the wide side
+and stands in for the extrapolation error an in-sample residual cannot see. The interval
+is for one run; a median over repeats is less noisy, so covering medians errs wide too.
 """
 
 from __future__ import annotations
@@ -33,6 +56,7 @@ from perfmodel.errors import PerfmodelError
 DEFAULT_COVERAGE = 0.9
 # Keys of a measured profile's [calibration] table (written by calibration/profile_writer.py)
 ERROR_KEYS = ("network_rms_rel", "compute_rms_rel", "run_spread_cv")
+STEP_KEY = "step_rms_rel"      # optional: the step-level residual of the fitted runs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +66,7 @@ class CalibrationErrors:
     network_rms_rel: float
     compute_rms_rel: float
     run_spread_cv: float
+    step_rms_rel: float | None = None   # RMS log error of the fitted runs' mean step
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +109,35 @@ def prediction_interval(point_s: float, *, network_rms_rel: float, compute_rms_r
                               sigma_rel=sigma)
 
 
+def step_interval(point_s: float, *, step_rms_rel: float, run_spread_cv: float,
+                  coverage: float = DEFAULT_COVERAGE) -> PredictionInterval:
+    """The step-level interval, σ = √(r_step² + s²) (module docstring)."""
+    return prediction_interval(point_s, network_rms_rel=0.0, compute_rms_rel=step_rms_rel,
+                               run_spread_cv=run_spread_cv, coverage=coverage,
+                               compute_share=1.0, network_share=0.0)
+
+
+def interval_for(point_s: float, errors: CalibrationErrors, *, compute_share: float,
+                 coverage: float = DEFAULT_COVERAGE) -> tuple[PredictionInterval, str]:
+    """(the interval a profile's errors give, where it comes from, in words): step-level
+    when the profile has `step_rms_rel`, else the per-component point residuals."""
+    if errors.step_rms_rel is not None:
+        iv = step_interval(point_s, step_rms_rel=errors.step_rms_rel,
+                           run_spread_cv=errors.run_spread_cv, coverage=coverage)
+        return iv, (f"the fitted runs' step-time residual {errors.step_rms_rel:.1%} RMS and "
+                    f"the run-to-run spread {errors.run_spread_cv:.1%} (CV); log-normal")
+    share = min(max(compute_share, 0.0), 1.0)
+    iv = prediction_interval(point_s, network_rms_rel=errors.network_rms_rel,
+                             compute_rms_rel=errors.compute_rms_rel,
+                             run_spread_cv=errors.run_spread_cv, coverage=coverage,
+                             compute_share=share, network_share=1.0 - share)
+    return iv, (f"per-point calibration residuals (compute {errors.compute_rms_rel:.0%} and "
+                f"network {errors.network_rms_rel:.0%} RMS, weighted by this step's "
+                f"{share:.0%} compute share) and run-to-run spread "
+                f"{errors.run_spread_cv:.0%}; log-normal; an older calibration without "
+                f"the step-level residual (wide: see perfmodel/uncertainty.py)")
+
+
 def calibration_errors(profile_data: dict[str, Any]) -> CalibrationErrors | None:
     """The [calibration] errors of a profile's raw TOML data; None unless all three are there
     (spec-derived profiles have none; a calibration may skip compute or the network)."""
@@ -98,4 +152,11 @@ def calibration_errors(profile_data: dict[str, Any]) -> CalibrationErrors | None
             raise PerfmodelError(f"field 'calibration.{key}' = {v!r} is not a number >= 0; "
                                  f"fix the profile or calibrate again")
         values[key] = float(v)
+    step = table.get(STEP_KEY)
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not step >= 0 \
+                or not math.isfinite(step):
+            raise PerfmodelError(f"field 'calibration.{STEP_KEY}' = {step!r} is not a number "
+                                 f">= 0; fix the profile or calibrate again")
+        values[STEP_KEY] = float(step)
     return CalibrationErrors(**values)

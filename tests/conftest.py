@@ -1,10 +1,15 @@
-"""Shared test setup: `gpu` tests skip with a reason where no CUDA device is present."""
+"""Shared test setup: `gpu` tests skip with a reason where no CUDA device is present; the
+commands' wait for a quiet machine (measure/protocol.py, --settle-max-s) is off in tests, so
+a busy test machine does not add half a minute to every run a test launches."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+os.environ.setdefault("PERFMODEL_SETTLE_MAX_S", "0")
 
 
 def _cuda_devices() -> int:

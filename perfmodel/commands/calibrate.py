@@ -20,6 +20,7 @@ import click
 
 from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
+from perfmodel.commands.protocol_options import make_protocol, protocol_options
 from perfmodel.errors import PerfmodelError
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/profile_writer.py
@@ -64,9 +65,10 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
                    "it is a profile, else the logs' GPU].")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@protocol_options
 def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
             rdzv_endpoint, rdzv_id, nproc_per_node, nccl_logs, traces, workload, batch_size,
-            base, files, as_json):
+            base, files, as_json, settle_load, settle_max_s, no_pin):
     """Measure this machine or cluster and write a calibrated profile.
 
     Runs the suite of real measurements the model needs (collective sweeps, per-unit compute
@@ -133,7 +135,9 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
                       bar=not as_json and sys.stderr.isatty(), lines=True,
                       announce=True) as progress:
         ids, measured = driver.measure(todo, store, torchrun=args, max_time_s=max_time_s,
-                                       progress=progress)
+                                       progress=progress,
+                                       protocol=make_protocol(settle_load, settle_max_s,
+                                                              no_pin))
     if node_rank:
         click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
         return
@@ -145,6 +149,14 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
                     "reused": [i for i in ids if i not in measured]},
            "wall_s": time.monotonic() - started, **summary(written.data)}
     click.echo(json.dumps(out, indent=2) if as_json else render(out))
+    warn_self_check(written.data)
+
+
+def warn_self_check(data: dict[str, Any]) -> None:
+    """Each component the self-check flagged, one loud line on stderr (also in the
+    profile's [calibration] notes and self_check table)."""
+    for line in (data.get("calibration") or {}).get("self_check_warnings") or []:
+        click.echo(f"perfmodel: warning: {line}", err=True)
 
 
 # ---------------------------------------------------------------- summary
@@ -154,8 +166,8 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     """The calibration table of a profile's data, for the JSON and the table."""
     table = data["calibration"]
     return {key: table.get(key) for key in (
-        "residuals", "run_spread_cv", "network_rms_rel", "compute_rms_rel",
-        "residuals_by_op", "checks", "measured", "unmeasured", "notes")} | {
+        "residuals", "run_spread_cv", "step_rms_rel", "network_rms_rel", "compute_rms_rel",
+        "residuals_by_op", "checks", "self_check", "measured", "unmeasured", "notes")} | {
         "provenance": {k: data["provenance"][k] for k in ("date", "host", "versions", "runs",
                                                           "devices")}}
 
@@ -178,6 +190,9 @@ def render(out: dict[str, Any]) -> str:
                      f"{r['rms_rel']:>9.1%} {r['max_rel']:>10.1%} {r['points']:>7}")
     if out.get("run_spread_cv") is not None:
         lines.append(f"  {'run-to-run spread (CV)':<34} {out['run_spread_cv']:>11.1%}")
+    if out.get("step_rms_rel") is not None:
+        lines.append(f"  {'step residual, fitted runs (RMS)':<34} {out['step_rms_rel']:>11.1%}"
+                     f"   (with the spread: the prediction intervals' width)")
     by_op = out.get("residuals_by_op") or {}
     if by_op:
         lines += ["", "  residuals by collective (model - measured) / measured:"]
@@ -189,6 +204,14 @@ def render(out: dict[str, Any]) -> str:
         for name, c in checks.items():
             lines.append(f"    {name:<40} {_quantity(name, c['model'])} vs "
                          f"{_quantity(name, c['measured'])} ({c['rel']:+.0%})")
+    for run, check in (out.get("self_check") or {}).items():
+        lines += ["", f"  self-check on {run} ({check['label']}), a run the fit did not use:"]
+        for name, c in check.items():
+            if isinstance(c, dict):
+                lines.append(f"    {name:<20} predicted {c['predicted_s'] * 1e3:,.2f} ms vs "
+                             f"measured {c['measured_s'] * 1e3:,.2f} ms ({c['error_rel']:+.0%};"
+                             f" tolerance x{1 + c['tolerance_rel']:.2f} either way)"
+                             + ("  <-- OFF" if name in check["flagged"] else ""))
     if out.get("unmeasured"):
         lines += ["", f"  kept from '{out['base']}' (not measured): "
                   + ", ".join(out["unmeasured"])]

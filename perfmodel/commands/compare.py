@@ -14,6 +14,7 @@ import click
 
 from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
+from perfmodel.commands.protocol_options import make_protocol, protocol_options
 
 
 @click.command("compare")
@@ -23,8 +24,9 @@ from perfmodel.commands.progress import RunsProgress
               help="Measurement store [$PERFMODEL_DB or the per-user default].")
 @click.option("--quick", is_flag=True, help="Three 2-worker configurations, fewer steps, no "
               "PyTorch memory estimate: a first look or a test (a few minutes).")
-@click.option("--repeats", type=click.IntRange(2), default=2, show_default=True,
-              help="Runs per configuration (>= 2, so the noise floor shows).")
+@click.option("--repeats", type=click.IntRange(2), default=3, show_default=True,
+              help="Runs per configuration (>= 2, so the noise floor shows), interleaved: "
+                   "every configuration once, then every one again, ...")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the predictions and of the runs' data.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -42,8 +44,10 @@ from perfmodel.commands.progress import RunsProgress
 @click.option("--max-time-s", type=Finite(1), default=600, show_default=True,
               help="Stop any one run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@protocol_options
 def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow_other_host,
-            torch_memory, predict_only, max_time_s, as_json):
+            torch_memory, predict_only, max_time_s, as_json, settle_load, settle_max_s,
+            no_pin):
     """Predict held-out configurations, measure them, and report the errors.
 
     Calibration set A is the calibration suite's runs (`perfmodel calibrate`); set B, disjoint
@@ -80,7 +84,8 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
             torch_memory=torch_memory, predict_only=predict_only, max_time_s=max_time_s,
             command_line=_command_line(cluster, db, quick, repeats, seed, out, calibrate,
                                        profile_path, allow_other_host, torch_memory),
-            calibration_progress=calibrating, progress=comparing)
+            calibration_progress=calibrating, progress=comparing,
+            run_protocol=make_protocol(settle_load, settle_max_s, no_pin))
     if done.predict_only:
         click.echo(f"wrote {done.predictions} predictions to {done.predictions_file}")
     elif as_json:
@@ -95,7 +100,7 @@ def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_pat
                   torch_memory) -> str:
     parts = ["perfmodel", "compare", "--cluster", cluster]
     parts += ["--calibrate"] * calibrate + ["--quick"] * quick
-    parts += ["--repeats", str(repeats)] if repeats != 2 else []
+    parts += ["--repeats", str(repeats)] if repeats != 3 else []
     parts += ["--seed", str(seed)] if seed else []
     parts += ["--db", str(db)] if db else []
     parts += ["--profile", str(profile_path)] if profile_path else []

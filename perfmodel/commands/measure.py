@@ -30,6 +30,7 @@ from perfmodel.commands.errors import check_run
 from perfmodel.commands.measure_elastic import command as elastic_command
 from perfmodel.commands.options import Finite
 from perfmodel.commands.progress import RunsProgress
+from perfmodel.commands.protocol_options import make_protocol, protocol_options
 from perfmodel.errors import PerfmodelError
 
 
@@ -83,7 +84,7 @@ def run_options(f):
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
     ]):
         f = opt(f)
-    return f
+    return protocol_options(f)
 
 
 def training_options(f):
@@ -110,7 +111,8 @@ def training_options(f):
 
 def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
             link_rate_Gbps, max_time_s, nnodes, node_rank, rdzv_endpoint, rdzv_id,
-            nproc_per_node, as_json) -> None:
+            nproc_per_node, as_json, settle_load=0.5, settle_max_s=0.0,
+            no_pin=False) -> None:
     """Launch, store, summarise; exit 1 if the run failed, 130 if interrupted (the run is
     stored either way)."""
     store = Store(db)
@@ -123,7 +125,8 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
         stored = session.run(config, nproc, store, torchrun_args=torchrun_args,
                              link_rate_Gbps=link_rate_Gbps,
                              progress=bar.start(label, progress_total),
-                             oversubscribe=oversubscribe, timeout_s=max_time_s)
+                             oversubscribe=oversubscribe, timeout_s=max_time_s,
+                             protocol=make_protocol(settle_load, settle_max_s, no_pin))
     summary = summarize(store.get_run(stored.run_id))
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -24,6 +24,7 @@ from calibration import driver
 from calibration.from_store import fit_from_runs
 from calibration.hardware import detect, torch_version
 from calibration.suite import build_suite
+from measure.protocol import RunProtocol
 from measure.session import NoProgress, Progress
 from measure.store import Store
 from perfmodel.cluster import ClusterProfile, parse_profile
@@ -66,16 +67,17 @@ def default_out(cluster: str, quick: bool) -> Path:
     return Path("reports") / f"{cluster}-{protocol.today()}-{'quick' if quick else 'heldout'}"
 
 
-def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repeats: int = 2,
+def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repeats: int = 3,
             seed: int = 0, calibrate: bool = False, profile_path: Path | None = None,
             allow_other_host: bool = False, torch_memory: str | None = None,
             predict_only: bool = False, max_time_s: float | None = 600,
             command_line: str = "", calibration_progress: Progress | None = None,
-            progress: Progress | None = None) -> Outcome:
+            progress: Progress | None = None, run_protocol: RunProtocol | None = None) -> Outcome:
     """Predict set B, measure it, write the report into `out` (see the module docstring).
 
     `calibration_progress` follows the measurement of a missing set A (with `calibrate`),
-    `progress` the runs of set B and the elastic part.
+    `progress` the runs of set B and the elastic part. `run_protocol` (measure/protocol.py):
+    wait for the load to settle and pin ranks before each run of set A and set B.
     """
     started = time.monotonic()
     here = os.uname().nodename
@@ -84,7 +86,9 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     data, set_a, suite_configs, notes = profile_data(
         store, cluster, profile_path=profile_path, calibrate=calibrate, here=here,
         allow=allow_other_host, max_time_s=max_time_s, quick=quick,
-        progress=calibration_progress)
+        progress=calibration_progress, run_protocol=run_protocol)
+    notes = [*notes, *(f"Calibration {w}" for w in
+                       (data.get("calibration") or {}).get("self_check_warnings") or [])]
     protocol.check_disjoint(held_out, suite_configs)
     out.mkdir(parents=True, exist_ok=True)
     profile = write_profile(data, out / "profile.toml")
@@ -102,10 +106,11 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         i.steps for i in elastic.HELD_OUT)
     progress.begin(len(held_out) * repeats * steps + elastic_steps)
     found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps, seed=seed,
-                            max_time_s=max_time_s, progress=progress)
+                            max_time_s=max_time_s, progress=progress,
+                            protocol=run_protocol)
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
-        progress=progress)
+        progress=progress, protocol=run_protocol)
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
     twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
@@ -149,7 +154,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
                  allow: bool, max_time_s: float | None, quick: bool,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, run_protocol: RunProtocol | None = None):
     """(profile data, set A description, set A configs, warnings) from --profile or the
     store's calibration runs (measured now with --calibrate)."""
     notes: list[str] = []
@@ -179,7 +184,7 @@ def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: st
             raise PerfmodelError(protocol.missing_calibration_message(found, cluster,
                                                                       store.path, here))
         ids = calibrate_set_a(cluster, store, here, max_time_s=max_time_s, quick=quick,
-                              progress=progress)
+                              progress=progress, run_protocol=run_protocol)
         found, configs = protocol.calibration_set(store.list_runs(), cluster, host=here,
                                                  any_host=allow)
     data = fit_from_runs(store, ids, name=cluster, base="local")
@@ -192,11 +197,13 @@ def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: st
 
 
 def calibrate_set_a(cluster: str, store, here: str, *, max_time_s: float | None, quick: bool,
-                    progress: Progress | None = None) -> list[int]:
+                    progress: Progress | None = None, run_protocol: RunProtocol | None = None
+                    ) -> list[int]:
     """Measure the calibration suite's runs the store lacks (calibration/driver.py)."""
     suite = build_suite(detect().kind, suite=cluster, quick=quick)
     ids, _ = driver.run_suite(suite, store, fresh=False, host=here, torch=torch_version(),
-                              max_time_s=max_time_s, progress=progress)
+                              max_time_s=max_time_s, progress=progress,
+                              protocol=run_protocol)
     return ids
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from measure import session
+from measure.protocol import RunProtocol
 from measure.recorder import read_records
 from measure.session import Progress, StoredRun
 from perfmodel.cluster import ClusterProfile
@@ -28,7 +29,8 @@ TIMEOUT_S = 120.0               # process-group timeout of each elastic run
 
 
 def measure_one(item: ElasticItem, store, *, seed: int, max_time_s: float | None,
-                progress) -> tuple[StoredRun, list[dict]]:
+                progress, protocol: RunProtocol | None = None
+                ) -> tuple[StoredRun, list[dict]]:
     """(the stored run, its records) of one real run of `item` (measure/session.py)."""
     from measure.elastic_launch import Kill
 
@@ -37,10 +39,11 @@ def measure_one(item: ElasticItem, store, *, seed: int, max_time_s: float | None
     if item.kind == "elastic_ddp":
         stored = session.run_elastic_ddp(config, item.workers,
                                          [Kill(r, s) for r, s in item.kills], store,
-                                         timeout_s=max_time_s, progress=progress)
+                                         timeout_s=max_time_s, progress=progress,
+                                         protocol=protocol)
     else:
         stored = session.run_membership_ps(config, item.workers, store, timeout_s=max_time_s,
-                                           progress=progress)
+                                           progress=progress, protocol=protocol)
     return stored, read_records(stored.run_dir)
 
 
@@ -78,7 +81,7 @@ def predict_held_out(profile: ClusterProfile, errors: CalibrationErrors | None,
 
 def run_all(profile: ClusterProfile, errors: CalibrationErrors | None, store, out: Path, *,
             seed: int, repeats: int, max_time_s: float | None,
-            progress: Progress) -> dict[str, Any]:
+            progress: Progress, protocol: RunProtocol | None = None) -> dict[str, Any]:
     """The calibration run, the predictions, the held-out runs (`repeats` times each,
     interleaved) and the report rows. A failed run is listed, not used."""
     failed: list[dict[str, Any]] = []
@@ -86,7 +89,8 @@ def run_all(profile: ClusterProfile, errors: CalibrationErrors | None, store, ou
     def one(item: ElasticItem, label: str):
         text = f"{item.key} {label}"
         stored, records = measure_one(item, store, seed=seed, max_time_s=max_time_s,
-                                      progress=progress.start(text, item.steps))
+                                      progress=progress.start(text, item.steps),
+                                      protocol=protocol)
         progress.finish(stored.outcome(text))
         if stored.interrupted:
             raise KeyboardInterrupt

@@ -11,7 +11,8 @@ Measured, per run (measure/store.py tables), over the timed steps only:
   update (`steady_mask`): at the very end fewer workers remain and staleness falls, a tail
   the server's own summary also leaves out; the same window is applied to the prediction.
 
-Over repeats: the median and its spread (min and max, the noise floor). A failed run is
+Over repeats: the median and its noise floor: the spread (max − min) / median and a robust
+SD, 1.4826 x MAD / median (measure/protocol.py `noise_floor`). A failed run is
 left out and listed, never averaged in. Error = (predicted − measured) / measured.
 Staleness distributions are compared by the Wasserstein-1 distance (earth mover's distance,
 scipy.stats.wasserstein_distance) between predicted and measured values, in versions: the
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
+from measure.protocol import noise_floor
 from perfmodel import strategies as strategy_records
 
 LARGE_ERROR = 0.15                  # errors beyond this get a diagnosis in the report
@@ -174,6 +176,7 @@ class Quantity:
     low: float | None = None            # min over repeats
     high: float | None = None           # max over repeats
     interval: tuple[float, float] | None = None     # the prediction interval, if stated
+    values: tuple[float, ...] = ()      # every successful repeat's value (the noise floor)
 
     @property
     def error(self) -> float | None:
@@ -185,6 +188,12 @@ class Quantity:
         if self.measured in (None, 0) or self.low is None or self.high is None:
             return None
         return (self.high - self.low) / abs(self.measured)
+
+    @property
+    def robust_sd(self) -> float | None:
+        """1.4826 x MAD / median over repeats: a robust relative SD (measure/protocol.py)."""
+        floor = noise_floor(self.values)
+        return None if floor is None else floor.robust_sd_rel
 
     @property
     def inside(self) -> bool | None:
@@ -199,7 +208,7 @@ class Quantity:
         if not v:
             return Quantity(predicted=predicted, interval=interval)
         return Quantity(predicted=predicted, measured=float(np.median(v)), low=min(v),
-                        high=max(v), interval=interval)
+                        high=max(v), interval=interval, values=tuple(v))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,10 +348,11 @@ class Headline:
     worst: str                          # key of the configuration with the largest error
     inside: int                         # measured medians inside their prediction interval
     with_interval: int
-    noise_median: float | None          # median run-to-run spread
+    noise_median: float | None          # median run-to-run spread, (max − min) / median
     half_width_median: float | None = None  # median interval half-width / prediction
     worst_error: float | None = None    # the signed error of `worst`
     left_out: tuple[str, ...] = ()      # configurations whose value here cannot be wrong
+    noise_robust_sd_median: float | None = None     # median of 1.4826 x MAD / median
 
 
 def counts(r: Comparison, quantity: str) -> tuple[float | None, str]:
@@ -383,6 +393,7 @@ def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None)
             left.append(f"{r.key}: {why}")
     errors = np.array([abs(e) for _, _, e in pairs])
     spreads = [qq.spread for _, qq, _ in pairs if qq.spread is not None]
+    robust = [qq.robust_sd for _, qq, _ in pairs if qq.robust_sd is not None]
     flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
     widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]
     worst = int(errors.argmax()) if pairs else None
@@ -394,4 +405,5 @@ def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None)
         inside=sum(flags), with_interval=len(flags),
         noise_median=float(np.median(spreads)) if spreads else None,
         half_width_median=float(np.median(widths)) if widths else None,
-        worst_error=float(pairs[worst][2]) if pairs else None, left_out=tuple(left))
+        worst_error=float(pairs[worst][2]) if pairs else None, left_out=tuple(left),
+        noise_robust_sd_median=float(np.median(robust)) if robust else None)

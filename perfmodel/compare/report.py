@@ -35,7 +35,7 @@ W1_LEGEND = ("W1 = Wasserstein-1 (earth mover's) distance between the predicted 
              "same distribution; 1: every update one version off).")
 UNITS = {"throughput": ("samples/s", 1.0, 1), "step_time": ("ms", 1e3, 2),
          "peak_memory": ("MiB", 1 / MiB, 1), "staleness_mean": ("", 1.0, 2)}
-CSV_FIELDS = ("predicted", "measured", "low", "high", "error", "spread", "inside")
+CSV_FIELDS = ("predicted", "measured", "low", "high", "error", "spread", "robust_sd", "inside")
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -62,7 +62,8 @@ def row_values(r: Comparison) -> dict[str, Any]:
     for q in QUANTITIES:
         v = r.quantities[q]
         values = {"predicted": v.predicted, "measured": v.measured, "low": v.low,
-                  "high": v.high, "error": v.error, "spread": v.spread, "inside": v.inside}
+                  "high": v.high, "error": v.error, "spread": v.spread,
+                  "robust_sd": v.robust_sd, "inside": v.inside}
         out |= {f"{q}_{k}": values[k] for k in CSV_FIELDS}
     out["staleness_w1"] = r.staleness_w1
     worst = r.staleness_worst_worker
@@ -190,7 +191,7 @@ def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
     heads = headlines(rows)
     lines = ["| quantity | configs | median abs error | worst (config, signed error) | target "
              "| met? | inside 90 % interval (median half-width) | noise floor (median "
-             "spread of repeats) |",
+             "spread of repeats; robust SD) |",
              "|---|---|---|---|---|---|---|---|"]
     missed, left = [], []
     for q in QUANTITIES:
@@ -205,7 +206,8 @@ def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
             lines.append(f"| {name} | {h.count} | {pct(h.median_abs, False)} | "
                          f"{h.worst} {pct(h.worst_error)} | {words} | "
                          f"{'yes' if met else 'NO'} | {interval_cell(h)} | "
-                         f"{pct(h.noise_median, False)} |")
+                         f"{pct(h.noise_median, False)}; "
+                         f"{pct(h.noise_robust_sd_median, False)} |")
             if scope == "all" and met is False:
                 missed.append(f"{NAMES[q]}: median {pct(h.median_abs, False)}, worst "
                               f"{h.worst} {pct(h.worst_error)} against {words}")
@@ -214,6 +216,34 @@ def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
     if left:
         lines += [""] + [f"- {x}" for x in left]
     return lines, missed
+
+
+def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = None
+                ) -> list[str]:
+    """The noise floor of every configuration: its step time's repeats, their spread and
+    robust SD (measure/protocol.py), and the load and pinning its runs saw."""
+    protocol = protocol or {}
+    out = ["## Noise floor per configuration", "",
+           "Step time over each configuration's successful repeats: spread = (max − min) / "
+           "median; robust SD = 1.4826 × MAD / median (MAD: median absolute deviation; "
+           "estimates the SD of normal data, unmoved by one outlying run). An error smaller "
+           "than these cannot be told from noise. Load: the 1-minute load average when each "
+           "run started, after the wait for a quiet machine (`--settle-load`, "
+           "`--settle-max-s`); pinned: runs whose ranks had cores of their own.", "",
+           "| config | runs | step time median (ms) | spread | robust SD | load at start | "
+           "waited (s) | pinned |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        q = r.quantities["step_time"]
+        seen = [protocol[str(i)] for i in r.run_ids if str(i) in protocol]
+        loads = [p["load_after"] for p in seen if p.get("load_after") is not None]
+        waits = [p.get("waited_s") or 0.0 for p in seen]
+        load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+        waited = f"{sum(waits):.0f}" if seen else "–"
+        pinned = f"{sum(bool(p.get('pinned')) for p in seen)} of {len(seen)}" if seen else "–"
+        out.append(f"| {r.key} | {len(r.run_ids)} | {fmt(q.measured, 1e3, 2)} | "
+                   f"{pct(q.spread, False)} | {pct(q.robust_sd, False)} | {load} | {waited} | "
+                   f"{pinned} |")
+    return out + [""]
 
 
 def staleness_table(rows: Sequence[Comparison]) -> list[str]:
@@ -302,6 +332,7 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             "communication (DDP: after the last bucket was ready; FSDP: inside its "
             "collectives; PS worker: push to reply). The model splits that time into exposed "
             "communication and waiting for other workers.", ""]
+    out += noise_table(rows, m.get("run_protocol"))
     out += staleness_table(rows)
     out += list(elastic_lines)
     out += ["## Figures", ""]

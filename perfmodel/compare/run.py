@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from measure import session
+from measure.protocol import RunProtocol
 from measure.session import Progress
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
@@ -36,7 +37,7 @@ from perfmodel.compare.protocol import (
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
-from perfmodel.uncertainty import CalibrationErrors, prediction_interval
+from perfmodel.uncertainty import CalibrationErrors, interval_for
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 
@@ -77,15 +78,13 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
 
 
 def step_interval(p: Prediction, errors: CalibrationErrors | None):
-    """The step time's prediction interval from the calibration's errors (None without)."""
+    """The step time's prediction interval from the calibration's errors (None without):
+    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py)."""
     if errors is None:
         return None
     s = p.summary
-    c = min(max(s.compute_s / s.step_time_s.mean, 0.0), 1.0)
-    return prediction_interval(s.step_time_s.mean, network_rms_rel=errors.network_rms_rel,
-                               compute_rms_rel=errors.compute_rms_rel,
-                               run_spread_cv=errors.run_spread_cv, compute_share=c,
-                               network_share=1.0 - c)
+    return interval_for(s.step_time_s.mean, errors,
+                        compute_share=s.compute_s / s.step_time_s.mean)[0]
 
 
 def timeline(p: Prediction) -> dict[str, Any]:
@@ -130,13 +129,15 @@ class Measurements:
     failed: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     load: dict[int, float] = field(default_factory=dict)     # run id -> 1-min load average
+    protocol: dict[int, dict] = field(default_factory=dict)  # run id -> measure/protocol.py
 
 
 def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
                 repeats: int, steps: int, seed: int, max_time_s: float | None,
-                progress: Progress) -> Measurements:
+                progress: Progress, protocol: RunProtocol | None = None) -> Measurements:
     """Run every configuration `repeats` times, interleaved; store each run at once
-    (measure/session.py).
+    (measure/session.py), each after the `protocol`'s wait for a quiet machine and with its
+    ranks pinned where there are cores enough (measure/protocol.py).
 
     `progress.start(label, total)` starts one run's progress and returns its update callback;
     `progress.finish(line)` reports the run. A failed run is stored, listed and not retried;
@@ -159,12 +160,16 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
                 stored = session.run(config, h.processes, store,
                                      link_rate_Gbps=h.link_rate_Gbps or None, progress=update,
                                      oversubscribe=h.timed_wait and not h.link_rate_Gbps,
-                                     timeout_s=max_time_s)
+                                     timeout_s=max_time_s, protocol=protocol)
             except PerfmodelError as e:
                 found.skipped[h.key] = str(e)
                 progress.finish(f"{h.key}: skipped: {e}")
                 continue
-            found.load[stored.run_id] = load
+            seen = store.get_run(stored.run_id).row.config.get("protocol") or {}
+            found.load[stored.run_id] = (seen["load_after"] if seen.get("load_after")
+                                         is not None else load)
+            if seen:
+                found.protocol[stored.run_id] = seen
             if stored.ok:
                 found.ok.setdefault(h.key, []).append(stored.run_id)
             else:

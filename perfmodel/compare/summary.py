@@ -214,11 +214,20 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
     table = data.get("calibration") or {}
     loads = list(found.load.values())
     errors = [table.get(k) for k in ("network_rms_rel", "compute_rms_rel", "run_spread_cv")]
-    interval = ("90 % prediction intervals (perfmodel/uncertainty.py) from the profile's "
-                f"residuals (network {errors[0]:.1%}, compute {errors[1]:.1%} RMS) and "
-                f"run-to-run spread {errors[2]:.1%}" if None not in errors else
-                "no prediction intervals: the calibration lacks network, compute or "
-                "run-spread errors")
+    step = table.get("step_rms_rel")
+    if None in errors:
+        interval = ("no prediction intervals: the calibration lacks network, compute or "
+                    "run-spread errors")
+    elif step is not None:
+        interval = ("90 % prediction intervals (perfmodel/uncertainty.py), log-normal with "
+                    f"σ² = r_step² + s²: the step-time residual of the runs set A fitted "
+                    f"(r_step {step:.1%} RMS, in-sample: no held-out run is used) and set A's "
+                    f"run-to-run spread (s {errors[2]:.1%} CV); coverage counts a measured "
+                    f"median inside its configuration's interval")
+    else:
+        interval = ("90 % prediction intervals (perfmodel/uncertainty.py) from the profile's "
+                    f"per-point residuals (network {errors[0]:.1%}, compute {errors[1]:.1%} "
+                    f"RMS) and run-to-run spread {errors[2]:.1%}")
     ids = ", ".join(map(str, set_a["ids"])) or "(not recorded)"
     protocol = [
         f"Calibration set A: {set_a['source']}: runs {ids}"
@@ -252,7 +261,8 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
             "load_range": (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"),
             "protocol": protocol, "skipped": dict(found.skipped),
             "failed": {k: v for k, v in found.failed.items()}, "repeats": repeats,
-            "steps": steps, "seed": seed, "set_a": set_a, "torch_memory_note": torch_note}
+            "steps": steps, "seed": seed, "set_a": set_a, "torch_memory_note": torch_note,
+            "run_protocol": {str(i): p for i, p in getattr(found, "protocol", {}).items()}}
 
 
 def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
