@@ -90,7 +90,9 @@ def test_compute_hides_all_but_the_last_bucket():
     cluster = make_cluster(intra_node=flat_link(100.0, 2.0))
     wl = make_workload(units=8, params_per_unit=5_000_000, flops_per_sample=2e11)
     sc = scenario(cluster, wl, 8)
-    times = unit_times(cluster, wl, sc.batch_size)
+    # backward as the simulator runs it: stretched by the overlap slowdown while in flight
+    times = unit_times(cluster, wl, sc.batch_size, overlapped=("backward",),
+                       in_flight=DDP().in_flight(sc))
     buckets = gradient_buckets(wl, times.backward_s, 25.0, 1.0)
     durations = [allreduce_s(cluster, 8, b.nbytes) for b in buckets]
     result = DDP().simulate(sc)
@@ -192,9 +194,9 @@ def test_overlap_slowdown_stretches_backward_only_while_communicating():
 
     from perfmodel.sim.compute import unit_times
 
-    base = make_cluster("a100")
-    slowed = dataclasses.replace(base, compute=dataclasses.replace(base.compute,
-                                                                   overlap_slowdown=1.5))
+    a100 = make_cluster("a100")
+    base, slowed = (dataclasses.replace(a100, compute=dataclasses.replace(
+        a100.compute, overlap_slowdown=s)) for s in (1.0, 1.5))
     w = make_workload(units=4, flops_per_sample=1e10)
 
     def scenario(cluster, workers):
