@@ -13,9 +13,10 @@ What each kind of run (measure/store.py) feeds:
   whole model (measure/runs/ps.py `Server.apply`), so gradient bytes / optimizer_step_s.
 - ddp / fsdp with >= 2 workers: compute.overlap_slowdown, fitted as the simulator uses it
   (perfmodel/sim/ddp.py stretches backward, fsdp.py forward and backward while communication
-  is in flight): measured step compute_s ≈ (passes not overlapped + optimizer) + s x
-  (overlapped passes), least squares in relative error; compute.jitter_cv from each rank's
-  step compute_s (divided by its own mean, so rank and run offsets do not count as jitter);
+  is in flight): measured step compute_s ≈ (the rest + optimizer) + s x (overlapped passes
+  x the share of their time with collectives in flight), least squares in relative error;
+  compute.jitter_cv from each rank's step compute_s (divided by its own mean, so rank and
+  run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
   against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
 - ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
@@ -70,6 +71,7 @@ from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import unit_times
 from perfmodel.sim.scenario import Scenario
+from perfmodel.sim.strategy import make_strategy
 from perfmodel.workload import Workload, load_workload
 
 TRAINING_KINDS = ("ddp", "fsdp", "ps")
@@ -345,7 +347,8 @@ def _compute(runs, base: ClusterProfile, notes: list[str]):
 
 
 def _overlap(runs, cluster: ClusterProfile) -> FitResult:
-    """compute.overlap_slowdown s: compute_s ≈ rest + s x overlapped passes (module docstring)."""
+    """compute.overlap_slowdown s: compute_s ≈ rest + s x overlapped passes x the share of
+    them with collectives in flight (module docstring), with the run's strategy defaults."""
     measured, known, stretched = [], [], []
     for r in runs:
         n = int(r.row.workers)
@@ -353,7 +356,14 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         fraction = 1.0 / n if r.row.kind == "fsdp" else 1.0
         t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=fraction)
         passes = {"forward": float(t.forward_s.sum()), "backward": float(t.backward_s.sum())}
-        over = sum(passes[p] for p in OVERLAPPED[r.row.kind])
+        # The simulator stretches the overlapped passes only for the share of their time
+        # that collectives are in flight (perfmodel/sim/compute.py in_flight_fraction).
+        scenario = Scenario(cluster=cluster, workload=w, workers=n,
+                            batch_size=int(r.row.batch_size))
+        over = in_flight = 0.0
+        if n > 1:
+            in_flight = make_strategy(r.row.kind).in_flight(scenario)
+            over = in_flight * sum(passes[p] for p in OVERLAPPED[r.row.kind])
         for s in r.table("steps"):
             measured.append(float(s["compute_s"]))
             stretched.append(over)

@@ -57,6 +57,7 @@ class UnitMeasure:
     autocast_activation_bytes_per_sample: float = 0.0
     autocast_output_bytes_per_sample: float = 0.0
     autocast_weight_cache_bytes: int = 0
+    dropout_mask_bytes_per_sample: float = 0.0
 
 
 NO_KERNEL_OPS = {"_unsafe_view", "detach", "lift_fresh"}
@@ -160,10 +161,11 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
     fp32 LayerNorm, bf16 matmul outputs)."""
     batch = batch_size or spec.batch_size
     dtype = torch.bfloat16 if spec.precision == "bf16-mixed" else torch.float32
-    params, flops, moved, saved, out, _ = _pass(spec, batch, dtype, autocast=False)
-    _, _, _, ac_saved, ac_out, ac_cache = _pass(spec, batch, torch.float32, autocast=True)
+    params, flops, moved, (saved, masks), out, _ = _pass(spec, batch, dtype, autocast=False)
+    _, _, _, (ac_saved, _), ac_out, ac_cache = _pass(spec, batch, torch.float32, autocast=True)
     return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
                         activation_bytes_per_sample=saved[name] / batch,
+                        dropout_mask_bytes_per_sample=masks[name] / batch,
                         forward_bytes_per_sample=moved[name].bytes / batch,
                         forward_kernels=moved[name].kernels,
                         output_bytes_per_sample=out[name] / batch,
@@ -179,6 +181,7 @@ def _pass(spec: ModelSpec, batch: int, dtype: torch.dtype, autocast: bool):
     inputs, targets = spec.example_batch(batch, torch.Generator().manual_seed(0))
     saved_by: dict[int, str] = {}          # storage -> first unit that saved it
     saved_bytes: dict[str, int] = {}
+    mask_bytes: dict[str, int] = {}        # bool storages saved: dropout masks
     keep_alive: list[torch.Tensor] = []    # storages must outlive the pass for unique keys
     current = [""]
 
@@ -186,7 +189,8 @@ def _pass(spec: ModelSpec, batch: int, dtype: torch.dtype, autocast: bool):
         key = _storage_key(t)
         if key not in saved_by and key not in casts.keys:
             saved_by[key] = current[0]
-            saved_bytes[current[0]] += t.untyped_storage().nbytes()
+            counts = mask_bytes if t.dtype == torch.bool else saved_bytes
+            counts[current[0]] += t.untyped_storage().nbytes()
             keep_alive.append(t)
         return t
 
@@ -213,7 +217,7 @@ def _pass(spec: ModelSpec, batch: int, dtype: torch.dtype, autocast: bool):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             for name, unit in units:
                 current[0] = casts.unit = name
-                saved_bytes[name] = 0
+                saved_bytes[name] = mask_bytes[name] = 0
                 moved[name] = OpClassCounter()
                 with FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter, \
                         moved[name], casts:
@@ -222,7 +226,7 @@ def _pass(spec: ModelSpec, batch: int, dtype: torch.dtype, autocast: bool):
                 out_bytes[name] = _nbytes(x)
             with moved[name]:                            # the loss runs in the last unit
                 spec.loss(x, mode.from_tensor(targets))  # saves e.g. log-softmax
-    return params, flops, moved, saved_bytes, out_bytes, \
+    return params, flops, moved, (saved_bytes, mask_bytes), out_bytes, \
         {name: casts.bytes.get(name, 0) for name in params}
 
 
@@ -253,6 +257,8 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure], command: str | No
         "#   checkpointing keeps, the LM head's logits). autocast_*: the same two counted again",
         "#   under torch.autocast(bfloat16) with fp32 parameters (the DDP recipe);",
         "#   autocast_weight_cache_bytes: the bf16 weight copies autocast makes in the unit.",
+        "#   dropout_mask_bytes_per_sample (units with dropout only): the 1-byte bool masks",
+        "#   native_dropout saves, at every precision; not in the activation bytes above.",
         "#   Exactly what is counted: measure/make_workloads.py.",
         f"name = {_string(spec.name)}",
         f"description = {_string(spec.description)}",
@@ -278,6 +284,9 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure], command: str | No
             f"autocast_output_bytes_per_sample = {_number(u.autocast_output_bytes_per_sample)}",
             f"autocast_weight_cache_bytes = {u.autocast_weight_cache_bytes}",
         ]
+        if u.dropout_mask_bytes_per_sample:
+            lines.append("dropout_mask_bytes_per_sample = "
+                         f"{_number(u.dropout_mask_bytes_per_sample)}")
     return "\n".join(lines) + "\n"
 
 

@@ -15,10 +15,20 @@ Sources for the architectures:
   the shared weight is counted once (in `embeddings`): 1,557,611,200 params.
 - mlp, cnn-small, transformer-small: CPU-sized models for real runs on this machine.
 
-Dropout is left out (p = 0, as nanoGPT and most throughput benchmarks do): it changes neither
-FLOPs nor communication, only adds 1-byte masks to the saved activations. Attention uses
-`F.scaled_dot_product_attention`, which keeps only Q, K, V, the output and the log-sum-exp
-for backward on the fused (flash) path, not the s x s score matrix.
+Dropout: GPT-2 XL and BERT-large train with dropout 0.1 on the residual branches and the
+embeddings (OpenAI's GPT-2 and the HF `gpt2-xl` config: resid_pdrop = embd_pdrop = 0.1;
+Devlin et al. 2019 sec. A.2 and NVIDIA's BERT config: hidden_dropout_prob 0.1); the
+others train without (ResNet-50 has none; MPT in llm-foundry and Llama default to 0; the
+CPU-sized models are ours). `Dropout` below calls `torch.native_dropout`, which is what
+`F.dropout` runs on a GPU (aten/src/ATen/native/Dropout.cpp: is_fused_kernel_acceptable ->
+native_dropout for CUDA tensors; its CUDA kernel returns a bool mask, 1 byte an element,
+saved for backward). On a CPU `F.dropout` instead saves a mask at the input's dtype, so
+calling native_dropout on every device makes the fake-tensor counts and the CPU trackers
+see what a GPU holds. Attention-probability dropout is left out: inside the fused
+scaled_dot_product_attention kernels (flash, memory-efficient) it keeps only the RNG seed
+and offset, no mask. Attention uses `F.scaled_dot_product_attention`, which keeps only Q,
+K, V, the output and the log-sum-exp for backward on the fused (flash) path, not the s x s
+score matrix.
 
 Weights use torch's default initialisation from its global generator: call
 `torch.manual_seed` before `build()` when initial weights must repeat.
@@ -131,6 +141,22 @@ def build_resnet50() -> nn.Sequential:
 
 # ---------------------------------------------------------------- transformer pieces
 
+class Dropout(nn.Module):
+    """Dropout as a GPU runs it: `torch.native_dropout` (1-byte bool mask saved), a no-op
+    when p is 0 or in eval mode (module docstring)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return torch.native_dropout(x, self.p, True)[0]
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection (same parameters as separate ones)."""
 
@@ -156,48 +182,53 @@ class FeedForward(nn.Sequential):
 class EncoderLayer(nn.Module):
     """BERT layer: post-LayerNorm, x = LN(x + attn(x)); x = LN(x + ffn(x))."""
 
-    def __init__(self, d: int, heads: int, hidden: int):
+    def __init__(self, d: int, heads: int, hidden: int, dropout: float = 0.0):
         super().__init__()
         self.attn = SelfAttention(d, heads, causal=False)
         self.ln1 = nn.LayerNorm(d, eps=1e-12)
         self.ffn = FeedForward(d, hidden, approximate="none")
         self.ln2 = nn.LayerNorm(d, eps=1e-12)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.ln1(x + self.attn(x))
-        return self.ln2(x + self.ffn(x))
+        x = self.ln1(x + self.drop(self.attn(x)))
+        return self.ln2(x + self.drop(self.ffn(x)))
 
 
 class DecoderBlock(nn.Module):
-    """GPT-2 block: pre-LayerNorm, x = x + attn(LN(x)); x = x + mlp(LN(x)); causal."""
+    """GPT-2 block: pre-LayerNorm, x = x + drop(attn(LN(x))); x = x + drop(mlp(LN(x)));
+    causal."""
 
-    def __init__(self, d: int, heads: int, hidden: int | None = None):
+    def __init__(self, d: int, heads: int, hidden: int | None = None, dropout: float = 0.0):
         super().__init__()
         self.ln1 = nn.LayerNorm(d)
         self.attn = SelfAttention(d, heads, causal=True)
         self.ln2 = nn.LayerNorm(d)
         self.mlp = FeedForward(d, hidden or 4 * d, approximate="tanh")
+        self.drop = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class TokenEmbeddings(nn.Module):
     """Token + learned position embeddings (+ token type 0 and LayerNorm for BERT)."""
 
-    def __init__(self, vocab: int, seq: int, d: int, bert: bool = False):
+    def __init__(self, vocab: int, seq: int, d: int, bert: bool = False,
+                 dropout: float = 0.0):
         super().__init__()
         self.tokens = nn.Embedding(vocab, d)
         self.positions = nn.Embedding(seq, d)
         self.token_type = nn.Embedding(2, d) if bert else None
         self.norm = nn.LayerNorm(d, eps=1e-12) if bert else None
+        self.drop = Dropout(dropout)
 
     def forward(self, ids: Tensor) -> Tensor:
         x = self.tokens(ids) + self.positions.weight[: ids.shape[1]]
         if self.token_type is not None:
             x = self.norm(x + self.token_type.weight[0])     # one segment: type id 0
-        return x
+        return self.drop(x)
 
 
 class ClassifierHead(nn.Module):
@@ -234,20 +265,21 @@ class LMHead(nn.Module):
 
 
 def build_bert(layers: int, d: int, heads: int, vocab: int, seq: int,
-               hidden: int | None = None) -> nn.Sequential:
-    units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(vocab, seq, d, bert=True)}
+               hidden: int | None = None, dropout: float = 0.0) -> nn.Sequential:
+    units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(vocab, seq, d, bert=True,
+                                                                 dropout=dropout)}
     for i in range(layers):
-        units[f"layer{i}"] = EncoderLayer(d, heads, hidden or 4 * d)
+        units[f"layer{i}"] = EncoderLayer(d, heads, hidden or 4 * d, dropout)
     units["head"] = ClassifierHead(d, classes=2)
     return nn.Sequential(OrderedDict(units))
 
 
 def build_gpt(layers: int, d: int, heads: int, vocab: int, seq: int, tied: bool,
-              hidden: int | None = None) -> nn.Sequential:
-    embeddings = TokenEmbeddings(vocab, seq, d)
+              hidden: int | None = None, dropout: float = 0.0) -> nn.Sequential:
+    embeddings = TokenEmbeddings(vocab, seq, d, dropout=dropout)
     units: dict[str, nn.Module] = {"embeddings": embeddings}
     for i in range(layers):
-        units[f"block{i}"] = DecoderBlock(d, heads, hidden)
+        units[f"block{i}"] = DecoderBlock(d, heads, hidden, dropout)
     units["head"] = LMHead(d, vocab, tied_to=embeddings if tied else None)
     return nn.Sequential(OrderedDict(units))
 
@@ -272,10 +304,11 @@ class MaskedLMHead(nn.Module):
         return torch.cat([mlm.flatten(1), nsp], dim=1)
 
 
-def build_bert_pretraining(seq: int, masked: int) -> nn.Sequential:
-    units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(30522, seq, 1024, bert=True)}
+def build_bert_pretraining(seq: int, masked: int, dropout: float = 0.1) -> nn.Sequential:
+    units: dict[str, nn.Module] = {"embeddings": TokenEmbeddings(30522, seq, 1024, bert=True,
+                                                                 dropout=dropout)}
     for i in range(24):
-        units[f"layer{i}"] = EncoderLayer(1024, 16, 4096)
+        units[f"layer{i}"] = EncoderLayer(1024, 16, 4096, dropout)
     units["head"] = MaskedLMHead(1024, masked, tied_to=units["embeddings"])
     return nn.Sequential(OrderedDict(units))
 
@@ -423,7 +456,8 @@ GPU_MODELS = [
         name=f"bert-large-s{seq}",
         description=f"BERT-large pre-training (Devlin et al. 2019) at seq {seq}: 24 layers, "
                     f"hidden 1024, masked-LM head over {masked} positions tied to the "
-                    f"embedding, next-sentence head (NVIDIA DeepLearningExamples recipe)",
+                    f"embedding, next-sentence head, dropout 0.1 (NVIDIA DeepLearningExamples "
+                    f"recipe)",
         precision="bf16-mixed", optimizer="adam", batch_size=2, learning_rate=1e-4,
         build=lambda seq=seq, masked=masked: build_bert_pretraining(seq, masked),
         example_batch=pretraining_batch(seq, masked), loss=pretraining_loss)
@@ -442,16 +476,18 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
     ModelSpec(
         name="bert-large",
         description="BERT-large encoder (Devlin et al. 2019), 24 layers, hidden 1024, "
-                    "16 heads, seq 512, pooler + 2-class classifier head (fine-tuning)",
+                    "16 heads, seq 512, pooler + 2-class classifier head (fine-tuning), "
+                    "dropout 0.1",
         precision="bf16-mixed", optimizer="adam", batch_size=8, learning_rate=2e-5,
-        build=lambda: build_bert(24, 1024, 16, vocab=30522, seq=512),
+        build=lambda: build_bert(24, 1024, 16, vocab=30522, seq=512, dropout=0.1),
         example_batch=token_batch(30522, 512, classes=2), loss=classification_loss),
     ModelSpec(
         name="gpt2-xl",
         description="GPT-2 XL decoder (Radford et al. 2019), 48 layers, d=1600, 25 heads, "
-                    "vocab 50257, seq 1024, LM head tied to the token embedding",
+                    "vocab 50257, seq 1024, LM head tied to the token embedding, dropout 0.1",
         precision="bf16-mixed", optimizer="adam", batch_size=4, learning_rate=1.5e-4,
-        build=lambda: build_gpt(48, 1600, 25, vocab=50257, seq=1024, tied=True),
+        build=lambda: build_gpt(48, 1600, 25, vocab=50257, seq=1024, tied=True,
+                                dropout=0.1),
         example_batch=token_batch(50257, 1024), loss=lm_loss),
     ModelSpec(
         name="mlp",

@@ -24,6 +24,7 @@ COMMANDS = {
     "calibrate": "Measure this machine or cluster and write a calibrated profile (needs torch).",
     "findings": "Reproduce the study's findings: report.md, figures and findings.csv.",
     "staleness": "Fit the accuracy cost of staleness on your own model (needs torch).",
+    "gpu-check": "Measure this GPU, calibrate its compute, report predicted vs measured.",
 }
 
 

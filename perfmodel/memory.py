@@ -105,6 +105,11 @@ def _activations(scenario: Scenario, autocast: bool) -> _Activations:
       gradient of the log-softmax's output and of its input (2 x 4 bytes an element, the
       4·b·s·V of an LM head twice) are alive with everything saved (MemTracker's "Temp").
     - A unit's backward holds the gradient of its output and of its input (2 x its output).
+    - Dropout masks (workload files' dropout_mask_bytes_per_sample): PyTorch's native_dropout,
+      what F.dropout runs on a GPU, saves a bool mask, 1 byte an element whatever the
+      precision (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable; the CUDA
+      kernel's mask is kBool); kept with the unit's activations, replayed with a
+      checkpointed unit's forward.
     """
     w, b = scenario.workload, scenario.batch_size
     use_autocast = autocast and w.precision_spec.autocast and any(
@@ -116,6 +121,8 @@ def _activations(scenario: Scenario, autocast: bool) -> _Activations:
         scale = w.precision_spec.compute_bytes / w.activation_element_bytes
         saved = [scale * u.activation_bytes_per_sample for u in w.units]
         out = [scale * u.output_bytes_per_sample for u in w.units]
+    # Dropout's bool masks: 1 byte an element at every precision (not scaled).
+    saved = [s + u.dropout_mask_bytes_per_sample for s, u in zip(saved, w.units, strict=True)]
     kept = cache = 0.0
     backward = 0.0
     for i, u in enumerate(w.units):

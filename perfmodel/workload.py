@@ -94,6 +94,9 @@ class Unit:
     autocast_activation_bytes_per_sample: float = 0.0
     autocast_output_bytes_per_sample: float = 0.0
     autocast_weight_cache_bytes: int = 0
+    # Dropout's 1-byte bool masks saved for backward (native_dropout, as on a GPU), the same
+    # at every precision, so kept out of the activation bytes that scale with it.
+    dropout_mask_bytes_per_sample: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,6 +196,7 @@ def parse_workload(data: dict, path: Path) -> Workload:
                 "autocast_activation_bytes_per_sample", 0.0),
             autocast_output_bytes_per_sample=u.number("autocast_output_bytes_per_sample", 0.0),
             autocast_weight_cache_bytes=u.integer("autocast_weight_cache_bytes", 0),
+            dropout_mask_bytes_per_sample=u.number("dropout_mask_bytes_per_sample", 0.0),
         ))
     return Workload(
         name=f.str("name"),

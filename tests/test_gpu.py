@@ -49,3 +49,21 @@ def test_ddp_memory_comes_from_cuda_allocator_statistics(tmp_path):
     memory = run.table("memory")
     assert memory and all(m["method"] == "cuda.max_memory_allocated" for m in memory)
     assert all(m["peak_bytes"] > 0 for m in memory)
+
+
+def test_gpu_check_measures_calibrates_and_reports(tmp_path):
+    """`perfmodel gpu-check`'s path on a real GPU, one workload at both default precisions
+    in two minutes: every case measured, the allocator's reserve at least what it handed
+    out, a calibrated profile and a report. Accuracy is the report's to say, not a bound
+    here (no independent bound on a GPU we have not seen)."""
+    from perfmodel.compare.gpu_check import run_check
+
+    results = run_check(tmp_path, workloads=("resnet50",), budget_s=120, batch=32,
+                        say=lambda _: None)
+    assert len(results["cases"]) == 2
+    for case in results["cases"]:
+        m = case["measured"]
+        assert m["memory_method"] == "cuda.max_memory_allocated"
+        assert m["reserved_bytes"] >= m["allocated_bytes"] > 0 and m["step_s"] > 0
+    assert (tmp_path / "report.md").is_file()
+    assert any(p.suffix == ".toml" for p in tmp_path.iterdir())

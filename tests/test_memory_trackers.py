@@ -22,24 +22,27 @@ unsharded parameters (Unsharded Param, perfmodel's comm_buffers_bytes).
 
 Not compared, because the trackers do not count them:
 - DDP's gradient buckets: the reducer allocates them when DDP is built, before tracking
-  starts, so MemTracker never sees them (perfmodel's comm_buffers_bytes, one fp32 copy of
-  the gradients);
+  starts, so MemTracker sees them only when the first gradient is copied in (as Temp),
+  after its peak at these depths (perfmodel's comm_buffers_bytes, one fp32 copy of the
+  gradients; see test_deep_ddp_trackers_temp_is_the_bucket_seen_late);
 - FSDP full-shard's unsharded parameters: FSDPMemTracker reports 0 for them at the peak,
   while perfmodel counts the gathered units (comm_buffers_bytes, ~215 MiB here).
 These are removed from both sides' totals, so the compared total is the sum of the parts
 both sides count (plus any other category the tracker reports, which would count against
 the model).
 
-Measured on torch 2.13 CPU (MiB, tracker vs model, 4 blocks, batch 4):
-  DDP autocast: activations incl. weight cache 2112.4 vs 2112.5; with full checkpointing
-  1076.2 vs 1076.2; params 782.1 / optimizer 1564.1 / loss gradient 1570.5 exact
-  (2 blocks: activations 1544.3 vs 1544.4, checkpointed 1026.2 vs 1026.2).
-  FSDP full-shard world 8: activations 1612.0 vs 1612.0 (full checkpointing 860.3 vs
-  860.3), loss gradient 1570.5 vs 1570.5, sharded params 97.8 / optimizer 195.5 exact.
+Measured on torch 2.13 CPU (MiB, tracker vs model, 4 blocks, batch 4, dropout 0.1 on the
+embeddings and both residual branches, 1-byte masks):
+  DDP autocast: activations incl. weight cache and masks 2168.6 vs 2168.8; with full
+  checkpointing 1082.5 vs 1082.5; params 782.1 / optimizer 1564.1 / loss gradient 1570.5
+  exact (2 blocks: activations 1575.5 vs 1575.6, checkpointed 1032.5 vs 1032.5).
+  FSDP full-shard world 8: activations 1668.3 vs 1668.3 (full checkpointing 866.6 vs
+  866.6), loss gradient 1570.5 vs 1570.5, sharded params 97.8 / optimizer 195.5 exact.
   FSDP grad-op world 8: as full-shard, plus unsharded params 391.1 vs 391.0.
   World 64: sharded params 12.2 / optimizer 24.4 exact, grad-op's unsharded params 391.2
   vs 391.0, the rest as at world 8.
-Every case passes; the twelve take about 14 s together (the first ~3 s, the rest ~1 s).
+Every case passes; the twelve take about 60 s together on 2 loaded cores. Deeper DDP (16
+blocks), where the tracker starts to see DDP's bucket, is the last test below.
 """
 
 from __future__ import annotations
@@ -77,12 +80,13 @@ def _case_id(case) -> str:
     return f"{name}-world{ranks}-{blocks}blocks-ckpt-{ck}"
 
 
-def _reduced_spec(blocks: int):
+def _reduced_spec(blocks: int, dropout: float = 0.1):
     from measure.models import MODELS, build_gpt
 
     return dataclasses.replace(
         MODELS["gpt2-xl"], name=f"gpt2-xl-{blocks}blocks",
-        build=lambda: build_gpt(blocks, 1600, 25, vocab=50257, seq=1024, tied=True))
+        build=lambda: build_gpt(blocks, 1600, 25, vocab=50257, seq=1024, tied=True,
+                                dropout=dropout))
 
 
 def _model_breakdown(strategy: str, ranks: int, variant: str, blocks: int, ck: str):
@@ -169,3 +173,90 @@ def test_memory_parts_agree_with_pytorchs_trackers(strategy, ranks, variant, blo
             f"{part} off by more than {PART_REL:.0%}: {summary}"
     assert model_total == pytest.approx(tracker_total, rel=TOTAL_REL), \
         f"compared total off by more than {TOTAL_REL:.0%}: {summary}"
+
+
+# ---------------------------------------------------------------- deeper DDP: the bucket
+
+BUCKET_BLOCKS = 16      # the fp32 bucket (2.1 GiB) outgrows the loss gradient (1.5 GiB) here
+
+
+def load_gpt2_xl():
+    from perfmodel.workload import load_workload
+    return load_workload("gpt2-xl")
+
+
+def _temp_storages_at_peak(monkeypatch) -> list[int]:
+    """Patch MemTracker so the sizes of the Temp storages alive at its peak are kept
+    (a private hook of torch 2.13's tracker; the test fails loudly if it changes)."""
+    from torch.distributed._tools import mem_tracker as mt
+
+    seen: list[int] = []
+    original = mt.MemTracker._update_peak_stats
+
+    def update_peak_stats(self, peak_state):
+        before = dict(self._peak_mem)
+        original(self, peak_state)
+        if self._peak_mem != before:
+            seen[:] = sorted((w.mem_consumed for w, _ in self._WINFO.values()
+                              if w.reftype == mt._MemRefType.TEMP), reverse=True)
+
+    monkeypatch.setattr(mt.MemTracker, "_update_peak_stats", update_peak_stats)
+    return seen
+
+
+def test_deep_ddp_trackers_temp_is_the_bucket_seen_late(monkeypatch):
+    """At full depth MemTracker's "Temp" (6.2 GiB for GPT-2 XL) is DDP's gradient bucket.
+
+    The reducer allocates its flat fp32 bucket when DDP is built, before tracking starts;
+    the tracker first sees that storage when the reducer copies the first gradient into it,
+    and labels it Temp from then on. From ~12 blocks up the bucket outweighs the loss
+    gradient, so the tracker's peak moves into the last block's backward: bucket + the tied
+    embedding's fp32 gradient from the head (held until the embeddings' backward finishes
+    the accumulation) + that block's backward temporaries, with the loss gradient freed.
+
+    perfmodel counts the bucket all step (comm_buffers_bytes), so it must (1) equal the
+    tracker's largest Temp storage (the bucket is the fp32 gradients: the same bytes), and
+    (2) put its peak above the tracker's, by no more than what it holds at the start of
+    backward and the tracker's later moment has freed: the loss gradient (which a real run
+    holds beside the bucket; the tracker cannot see that) and the head's saved activations
+    and bf16 weight copy.
+    """
+    pytest.importorskip("torch")
+    from measure.torch_memory import estimate
+
+    temps = _temp_storages_at_peak(monkeypatch)
+    r = estimate(_reduced_spec(BUCKET_BLOCKS), "ddp", 8, "full-shard", BATCH, "bf16-mixed",
+                 "none")
+    m = _model_breakdown("ddp", 8, "", BUCKET_BLOCKS, "none")
+    tied_grad = 50257 * 1600 * 4                     # the head's fp32 gradient of the table
+    summary = (f"tracker Temp storages (MiB) {[round(t / MiB, 1) for t in temps[:4]]}, "
+               f"categories { {k: round(v / MiB, 1) for k, v in r['categories'].items()} }, "
+               f"total {r['peak_bytes'] / MiB:.1f}; model bucket "
+               f"{m.comm_buffers_bytes / MiB:.1f}, peak {m.peak_bytes / MiB:.1f}")
+    print(summary)
+    assert temps[0] == pytest.approx(m.comm_buffers_bytes, rel=1e-3), summary
+    assert tied_grad in temps, summary
+    # Held at the start of backward, gone by the tracker's later moment: the loss gradient
+    # and the head's saved activations and bf16 weight copy.
+    head = load_gpt2_xl().units[-1]
+    gone = m.transient_bytes + BATCH * head.autocast_activation_bytes_per_sample \
+        + head.autocast_weight_cache_bytes
+    model_total = m.peak_bytes - m.framework_bytes
+    assert r["peak_bytes"] <= model_total <= r["peak_bytes"] + gone, summary
+
+
+def test_dropout_masks_are_what_the_tracker_adds_for_dropout():
+    """Dropout 0.1 against 0 under MemTracker (DDP autocast, 2 blocks): the activations the
+    tracker sees grow by exactly the workload's mask bytes (1 byte an element; a mask at the
+    input's dtype, as F.dropout keeps on a CPU, would be 2-4x that)."""
+    pytest.importorskip("torch")
+    from measure.torch_memory import estimate
+
+    blocks = 2
+    act = {p: estimate(_reduced_spec(blocks, p), "ddp", 8, "full-shard", BATCH, "bf16-mixed",
+                       "none")["categories"]["Activation"] for p in (0.0, 0.1)}
+    units = load_gpt2_xl().units[:1 + blocks]
+    masks = BATCH * sum(u.dropout_mask_bytes_per_sample for u in units)
+    assert masks > 0
+    assert act[0.1] - act[0.0] == pytest.approx(masks, rel=1e-3), \
+        f"tracker {(act[0.1] - act[0.0]) / MiB:.2f} MiB vs model masks {masks / MiB:.2f} MiB"

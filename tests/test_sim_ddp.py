@@ -90,7 +90,9 @@ def test_compute_hides_all_but_the_last_bucket():
     cluster = make_cluster(intra_node=flat_link(100.0, 2.0))
     wl = make_workload(units=8, params_per_unit=5_000_000, flops_per_sample=2e11)
     sc = scenario(cluster, wl, 8)
-    times = unit_times(cluster, wl, sc.batch_size)
+    # backward as the simulator runs it: stretched by the overlap slowdown while in flight
+    times = unit_times(cluster, wl, sc.batch_size, overlapped=("backward",),
+                       in_flight=DDP().in_flight(sc))
     buckets = gradient_buckets(wl, times.backward_s, 25.0, 1.0)
     durations = [allreduce_s(cluster, 8, b.nbytes) for b in buckets]
     result = DDP().simulate(sc)
@@ -184,20 +186,28 @@ def test_absurdly_small_bucket_cap_is_a_perfmodel_error():
         gradient_buckets(wl, np.ones(4), 1e-4, 1.0)
 
 
-def test_overlap_slowdown_stretches_backward_only_when_communicating():
-    # compute.overlap_slowdown (calibration/fit_compute.py): backward shares the device with
-    # all-reduce kernels in DDP; with one worker nothing overlaps.
+def test_overlap_slowdown_stretches_backward_only_while_communicating():
+    # compute.overlap_slowdown: backward shares the device with all-reduce kernels in DDP for
+    # the share of its time the all-reduces are in flight (perfmodel/sim/compute.py
+    # in_flight_fraction); with one worker nothing overlaps.
     import dataclasses
 
-    base = make_cluster("a100")
-    slowed = dataclasses.replace(base, compute=dataclasses.replace(base.compute,
-                                                                   overlap_slowdown=1.5))
+    from perfmodel.sim.compute import unit_times
+
+    a100 = make_cluster("a100")
+    base, slowed = (dataclasses.replace(a100, compute=dataclasses.replace(
+        a100.compute, overlap_slowdown=s)) for s in (1.0, 1.5))
     w = make_workload(units=4, flops_per_sample=1e10)
 
+    def scenario(cluster, workers):
+        return Scenario(cluster=cluster, workload=w, workers=workers, batch_size=8,
+                        jitter="none", steps=4)
+
     def compute_s(cluster, workers):
-        sc = Scenario(cluster=cluster, workload=w, workers=workers, batch_size=8,
-                      jitter="none", steps=4)
-        return DDP().simulate(sc).steps[-1].compute_s
+        return DDP().simulate(scenario(cluster, workers)).steps[-1].compute_s
 
     assert compute_s(slowed, 1) == pytest.approx(compute_s(base, 1))
-    assert compute_s(slowed, 4) > 1.2 * compute_s(base, 4)
+    share = DDP().in_flight(scenario(base, 4))
+    assert 0 < share <= 1
+    backward = float(unit_times(base, w, 8).backward_s.sum())
+    assert compute_s(slowed, 4) - compute_s(base, 4) == pytest.approx(0.5 * share * backward)

@@ -101,6 +101,19 @@ def test_transformer_layer_activations_match_korthikanti(name, prefix, seq, h):
                                                                rel=KORTHIKANTI_TOLERANCE)
 
 
+@pytest.mark.parametrize(("name", "prefix", "seq", "h"),
+                         [("gpt2-xl", "block", 1024, 1600), ("bert-large", "layer", 512, 1024)])
+def test_dropout_masks_are_korthikantis_two_bytes_per_element(name, prefix, seq, h):
+    """Korthikanti et al. 2022 sec. 4.1: a layer's two residual dropouts keep 1-byte masks,
+    2 s b h bytes (their s b h terms 'dropout mask' in attention and MLP); exact here."""
+    w = load_workload(name)
+    layers = [u for u in w.units if re.fullmatch(prefix + r"\d+", u.name)]
+    assert all(u.dropout_mask_bytes_per_sample == 2 * seq * h for u in layers)
+    assert w.units[0].dropout_mask_bytes_per_sample == seq * h         # embedding dropout
+    no_dropout = load_workload("resnet50")
+    assert not any(u.dropout_mask_bytes_per_sample for u in no_dropout.units)
+
+
 def test_mlp_activation_counting_rule_by_hand():
     # fp32, batch-independent: hidden0 saves its input (64 floats) and its ReLU output
     # (1024); hidden1 saves only its ReLU output, its input being hidden0's, counted there.

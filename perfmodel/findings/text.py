@@ -61,14 +61,19 @@ numbers drop once the ring leaves a 4-GPU node and crosses the 40 Gbit/s NIC.
 
 ## 2. FSDP peak-memory reduction — study: {STUDY['fsdp_memory']}
 
-Peak bytes per device, DDP against FSDP full-shard (`perfmodel/memory.py`, ZeRO's accounting):
+Peak bytes per device (`perfmodel/memory.py`, ZeRO's accounting with the dtypes of the real
+recipes), one row per configuration: DDP under `torch.autocast(bfloat16)` (the usual DDP
+recipe: fp32 parameters, gradients and bucket, Adam in fp32, autocast's bf16 weight copies),
+FSDP full-shard with `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, and FSDP
+full-shard with full activation checkpointing; the reductions are against the DDP row of the
+same cluster, workload and N. Activations include autocast's weight copies and dropout masks:
 
 {f.memory.table}
 
 ![FSDP memory](fsdp_memory.png)
 
 FSDP divides the model state (params, grads, fp32 master weights and Adam moments: 16Ψ for
-mixed-precision Adam) by N, so the model-state column grows with N; the peak reduction is
+mixed-precision Adam) by N, so its model-state GiB shrinks with N; the peak reduction is
 {min(ratios):.1f}–{max(ratios):.1f}x, because what FSDP does not shard stays:
 activations (batch × per-sample bytes, never sharded), the unsharded units in flight, and the
 framework's fixed ~1 GiB. The study's 4–6x sits between our batch-size-limited and

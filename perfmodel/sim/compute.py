@@ -51,21 +51,29 @@ def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str,
     return seconds
 
 
+def in_flight_fraction(comm_s: float, overlapped_s: float) -> float:
+    """Share of the overlapped passes' time during which communication is in flight:
+    the collectives' total seconds over the passes' seconds, at most 1."""
+    return min(1.0, comm_s / overlapped_s) if overlapped_s > 0 else 0.0
+
+
 def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
                optimizer_param_fraction: float = 1.0,
-               overlapped: tuple[str, ...] = ()) -> UnitTimes:
+               overlapped: tuple[str, ...] = (), in_flight: float = 1.0) -> UnitTimes:
     """Per-unit forward and backward seconds for `batch_size` samples on one device.
 
     `optimizer_param_fraction` is the share of parameters this worker updates
     (1 for DDP, 1/N for FSDP, 0 for a PS worker whose server applies the update).
-    Passes named in `overlapped` ("forward", "backward") run while communication is in
-    flight and are stretched by the profile's calibrated `compute.overlap_slowdown`.
+    Passes named in `overlapped` ("forward", "backward") overlap communication for the
+    share `in_flight` of their time (in_flight_fraction) and are stretched by
+    1 + (compute.overlap_slowdown - 1) x in_flight: compute runs slower only while NCCL
+    kernels share its SMs and HBM (Lee, Phanishayee & Mahajan 2025, arXiv:2507.03114).
     """
     key = workload.precision_spec.compute_key
     ratio, bytes_ratio = cluster.compute.backward_flops_ratio, cluster.compute.backward_bytes_ratio
     scale = workload.element_bytes / workload.activation_element_bytes
-    stretch = {p: cluster.compute.overlap_slowdown if p in overlapped else 1.0
-               for p in ("forward", "backward")}
+    slow = 1.0 + (cluster.compute.overlap_slowdown - 1.0) * min(max(in_flight, 0.0), 1.0)
+    stretch = {p: slow if p in overlapped else 1.0 for p in ("forward", "backward")}
     fwd = stretch["forward"] * np.array(
         [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key,
                       scale * u.forward_bytes_per_sample * batch_size, u.forward_kernels)

@@ -30,7 +30,7 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
-from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -135,22 +135,37 @@ class DDP:
         return {"worker": ddp_memory(scenario, self.options.bucket_cap_MiB,
                                      self.options.first_bucket_MiB)}
 
-    def simulate(self, scenario: Scenario) -> SimResult:
-        cluster, n = scenario.cluster, scenario.workers
-        times = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           overlapped=("backward",) if n > 1 else ())
-        forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
-        buckets = gradient_buckets(scenario.workload, times.backward_s,
+    def _wire(self, scenario: Scenario, backward_s: np.ndarray):
+        """(buckets, their bytes on the wire, their all-reduce seconds). On the wire a bucket
+        is in the reduce dtype (fp32 under autocast), or bf16 with the compression hook
+        (which casts the bucket, all-reduces it and casts back)."""
+        buckets = gradient_buckets(scenario.workload, backward_s,
                                    self.options.bucket_cap_MiB, self.options.first_bucket_MiB)
-        communicate = n > 1 and bool(buckets)
-        ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
-        # On the wire a bucket is in the reduce dtype (fp32 under autocast), or bf16 with
-        # the compression hook (which casts the bucket, all-reduces it and casts back).
         p = scenario.workload.precision_spec
         wire = (2 if self.options.grad_compression == "bf16" else p.reduce_bytes) / p.grad_bytes
         wire_bytes = [b.nbytes * wire for b in buckets]
-        durations = np.array([allreduce_s(cluster, n, nbytes, self.options.allreduce)
-                              for nbytes in wire_bytes])
+        durations = np.array([allreduce_s(scenario.cluster, scenario.workers, nbytes,
+                                          self.options.allreduce) for nbytes in wire_bytes])
+        return buckets, wire_bytes, durations
+
+    def in_flight(self, scenario: Scenario) -> float:
+        """Share of backward during which all-reduces are in flight (compute/in_flight_fraction)."""
+        if scenario.workers < 2:
+            return 0.0
+        alone = unit_times(scenario.cluster, scenario.workload, scenario.batch_size)
+        _, _, durations = self._wire(scenario, alone.backward_s)
+        return in_flight_fraction(float(durations.sum()), float(alone.backward_s.sum()))
+
+    def simulate(self, scenario: Scenario) -> SimResult:
+        cluster, n = scenario.cluster, scenario.workers
+        # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
+        times = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           overlapped=("backward",) if n > 1 else (),
+                           in_flight=self.in_flight(scenario))
+        forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
+        buckets, wire_bytes, durations = self._wire(scenario, times.backward_s)
+        communicate = n > 1 and bool(buckets)
+        ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
 

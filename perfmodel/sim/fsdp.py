@@ -33,7 +33,7 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
-from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -105,11 +105,22 @@ class FSDP:
 
         return {"worker": fsdp_memory(scenario, self.options.variant, self.options.prefetch)}
 
+    def in_flight(self, scenario: Scenario) -> float:
+        """Share of forward + backward during which all-gathers and reduce-scatters are in
+        flight (compute/in_flight_fraction): their seconds over the passes' seconds."""
+        cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
+        if n < 2:
+            return 0.0
+        p = wl.precision_spec
+        gathers = sum(allgather_s(cluster, n, u.params * p.compute_bytes) for u in wl.units)
+        scatters = sum(reduce_scatter_s(cluster, n, u.params * p.reduce_bytes) for u in wl.units)
+        comm_s = (2 if self.options.variant == "full-shard" else 1) * gathers + scatters
+        alone = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n)
+        return in_flight_fraction(comm_s, float(alone.forward_s.sum() + alone.backward_s.sum()))
+
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
         units = len(wl.units)
-        times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           overlapped=("forward", "backward") if n > 1 else ())
         # MixedPrecisionPolicy: gathers in param_dtype, reduce-scatters in reduce_dtype.
         param_bytes = [u.params * wl.precision_spec.compute_bytes for u in wl.units]
         grad_bytes = [u.params * wl.precision_spec.reduce_bytes for u in wl.units]
@@ -118,6 +129,10 @@ class FSDP:
         k = self.options.prefetch
         ahead = max(k, 1)                       # all-gathers in flight when a phase begins
         regather = self.options.variant == "full-shard"
+        # Compute runs slower while collectives are in flight (compute.overlap_slowdown).
+        times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
+                           overlapped=("forward", "backward") if n > 1 else (),
+                           in_flight=self.in_flight(scenario))
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []

@@ -1,0 +1,138 @@
+"""`perfmodel gpu-check` (perfmodel/compare/gpu_check.py): the pieces that need no GPU.
+
+The report is rebuilt from recorded measurements (tests/fixtures/gpu_check/, a CPU run of
+the same measuring code), so its arithmetic, the calibrated profile and the held-out
+protocol are checked here; the command's refusals are checked through the real entry
+point. The measuring on CUDA is tests/test_gpu.py's (marked gpu, skipped without one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfmodel.cluster import load_cluster, parse_profile
+from perfmodel.compare import gpu_check as gc
+from perfmodel.compare.gpu_check_report import error, summary
+from perfmodel.tomlfile import load_toml
+from tests.inprocess import run_cli
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu_check" / "measured_cpu.json"
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    return out, gc.rebuild(FIXTURE, out, "local")
+
+
+def test_report_puts_both_profiles_beside_every_measured_case(rebuilt):
+    out, results = rebuilt
+    measured = json.loads(FIXTURE.read_text())
+    text = (out / "report.md").read_text()
+    assert len(results["cases"]) == len(measured) == 4
+    for case, raw in zip(results["cases"], measured, strict=True):
+        m = case["measured"]
+        assert m["step_s"] == raw["step"]["median_s"]
+        assert m["allocated_bytes"] == raw["memory"]["peak_bytes"]
+        for label in ("spec", "calibrated"):
+            e = error(case[label]["step_s"], m["step_s"])
+            assert f"{e:+.1%}" in text
+    assert "HELD OUT" in text and "in-sample" in text
+
+
+def test_calibrated_prediction_is_the_calibrated_profiles_own(rebuilt):
+    """The report's calibrated column is perfmodel's prediction with the written profile,
+    not a number fitted to the step it is compared with."""
+    out, results = rebuilt
+    fit = results["fit"]
+    assert 0 < fit["e_max"] <= 1 and 0 < fit["memory_efficiency"] <= 1
+    case = results["cases"][0]
+    spec = gc.predicted(load_cluster("local"), case["workload"], case["precision"],
+                        case["blocks"], case["batch_size"])
+    assert spec == case["spec"]
+
+
+def test_calibrated_profile_file_loads(tmp_path):
+    from calibration.gpu_check import fit_gpu, profile_text
+
+    measured = json.loads(FIXTURE.read_text())
+    fit = fit_gpu(load_cluster("local"), measured)
+    path = tmp_path / f"{fit.profile.name}.toml"
+    path.write_text(profile_text("local", fit, "test"))
+    profile = parse_profile(load_toml(path), path)
+    assert profile.provenance.source == "measured"
+    assert profile.compute.memory_efficiency == pytest.approx(fit.memory_efficiency, rel=1e-3)
+
+
+def test_summary_is_median_and_max_of_the_case_errors(rebuilt):
+    _, results = rebuilt
+    s = summary(results)
+    errs = sorted(abs(c["spec"]["step_s"] / c["measured"]["step_s"] - 1)
+                  for c in results["cases"])
+    assert s["spec_step"]["max_abs"] == pytest.approx(errs[-1])
+    assert s["spec_step"]["median_abs"] == pytest.approx((errs[1] + errs[2]) / 2)
+
+
+def test_plan_cuts_a_case_that_would_not_fit():
+    a100 = load_cluster("a100")
+    default = gc.plan(["gpt2-xl"], ["bf16-mixed"], a100, memory_bytes=0)
+    assert default[0]["blocks"] == gc.DEFAULT_BLOCKS["gpt2-xl"] and not default[0]["notes"]
+    small = gc.plan(["gpt2-xl"], ["bf16-mixed"], a100, memory_bytes=4 * 2**30)
+    assert small[0]["blocks"] < default[0]["blocks"] and small[0]["notes"]
+    fits = gc.predicted(a100, "gpt2-xl", "bf16-mixed", small[0]["blocks"],
+                        small[0]["batch_size"])
+    assert fits["allocated_bytes"] <= gc.FIT_FRACTION * 4 * 2**30
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_no_gpu_is_one_line_and_exit_2(monkeypatch):
+    import calibration.hardware as hardware
+
+    monkeypatch.setattr(hardware, "_nvidia_smi", lambda: ())
+    monkeypatch.setattr(hardware, "_driver_listing", lambda: ())
+    code, _, err = run_cli(["gpu-check", "--out", "/nonexistent/never-written"])
+    assert code == 2
+    assert "needs a CUDA GPU" in _one_error_line(err)
+    assert not Path("/nonexistent/never-written").exists()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--precisions", "fp8"], "precisions"),
+    (["--workloads", "nope"], "unknown workload"),
+    (["--budget-s", "5"], "budget-s"),
+    (["--from-measured", str(FIXTURE)], "--cluster"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args, says):
+    code, _, err = run_cli(["gpu-check", *args])
+    assert code == 2
+    assert says in _one_error_line(err)
+
+
+def test_measuring_without_cuda_says_why():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from measure.gpu_check import cuda_device
+    from perfmodel.errors import PerfmodelError
+
+    with pytest.raises(PerfmodelError, match="needs a CUDA GPU"):
+        cuda_device()
+
+
+@pytest.mark.slow
+def test_the_whole_check_runs_on_cpu(tmp_path):
+    """The CUDA path's code, run on the CPU with a CPU-sized workload (minutes budget)."""
+    pytest.importorskip("torch")
+    results = gc.run_check(tmp_path, workloads=("mlp",), precisions=("fp32",),
+                           budget_s=60, device="cpu", say=lambda _: None)
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "local-gpu-check.toml").is_file()
+    (case,) = results["cases"]
+    assert case["measured"]["step_s"] > 0 and case["measured"]["allocated_bytes"] > 0
