@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.memory import MemoryBreakdown
+from perfmodel.sim.engine import quiet_gc
 from perfmodel.sim.records import SimResult
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
@@ -190,15 +191,19 @@ def predict(strategy: str, scenario: Scenario, **options: Any) -> Prediction:
     model = make_strategy(strategy, **options)
     memory = dict(model.memory(scenario))
     hardware = model.hardware(scenario) if hasattr(model, "hardware") else None
-    start = time.perf_counter()
-    result = model.simulate(scenario)
-    wall = time.perf_counter() - start
-    summary = summarise(result, scenario)
+    # The collector stays off from the simulation to the summary: turning the records into
+    # arrays makes hundreds of thousands of objects, and its scans of them cost 0.3-0.4 s
+    # at 4096 PS workers. No output depends on it.
+    with quiet_gc():
+        start = time.perf_counter()
+        result = model.simulate(scenario)
+        wall = time.perf_counter() - start
+        summary = summarise(result, scenario)
+        baseline = baseline_throughput(scenario)
     interval, source = step_time_interval(scenario, summary)
     return Prediction(
         strategy=strategy, options=asdict(model.options), scenario=scenario,
-        summary=summary,
-        baseline_throughput_samples_per_s=baseline_throughput(scenario),
+        summary=summary, baseline_throughput_samples_per_s=baseline,
         memory=memory, result=result, wall_s=wall, interval=interval, interval_source=source,
         hardware=hardware)
 
