@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import sys
 
@@ -39,6 +41,11 @@ class OneLineError(click.ClickException):
 
 
 class LazyGroup(click.Group):
+    # main() pauses Python's cyclic garbage collector while the command's modules import
+    # (numpy, simpy, the model): they make no garbage worth collecting, and the collector's
+    # scans of the growing heap cost ~5 % of a small prediction. On again once imported.
+    gc_paused = False
+
     def invoke(self, ctx):
         """Every command's errors end here: one line and the error's exit code."""
         try:
@@ -53,7 +60,13 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module = importlib.import_module(f"perfmodel.commands.{name.replace('-', '_')}")
+        self._resume_gc()
         return module.command
+
+    def _resume_gc(self) -> None:
+        if self.gc_paused:
+            self.gc_paused = False
+            gc.enable()
 
     def format_commands(self, ctx, formatter):
         rows = [(name, help_) for name, help_ in COMMANDS.items()]
@@ -79,6 +92,28 @@ def cli():
 
 
 def main() -> None:
+    """The `perfmodel` process: the command, and its errors as one line and an exit code.
+
+    Python's garbage collector is paused while the command's modules import
+    (LazyGroup.gc_paused) and, at exit, everything is frozen so that the interpreter's last
+    collection has nothing to scan (~10 % of a small prediction's process time together).
+    Neither changes any output, and main() called in a process that goes on (the tests)
+    leaves the collector as it found it."""
+    if gc.isenabled():
+        gc.disable()
+        cli.gc_paused = True
+    try:
+        _run()
+    finally:
+        cli._resume_gc()
+
+
+# The last collection at exit would scan every object the command made: 20-40 ms after a
+# small prediction, more after a large one. Frozen objects are skipped; memory goes anyway.
+atexit.register(gc.freeze)
+
+
+def _run() -> None:
     try:
         cli.main(standalone_mode=False)
     except PerfmodelError as e:           # raised before a command ran (LazyGroup.invoke)
