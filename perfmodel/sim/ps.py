@@ -72,7 +72,8 @@ from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import psnet
 from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
-from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord, maker
+from perfmodel.sim.records import (CommRecord, LazyRecords, SimResult, StepRecord, UpdateRecord,
+                                   maker)
 from perfmodel.sim.scenario import Scenario
 
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
@@ -184,7 +185,8 @@ def _fire_at(env: simpy.Environment, event: simpy.Event, at_s: float, value=None
 
 
 # The records, built with their slots set directly: the frozen dataclasses' __init__ sets
-# each field through object.__setattr__, 2-3x slower, and a 4096-worker run makes 330,000.
+# each field through object.__setattr__, 2-3x slower, and a 4096-worker run makes 330,000
+# (only if they are read: the run keeps rows of their fields, records.LazyRecords).
 _step_record, _update_record, _comm_record = maker(StepRecord), maker(UpdateRecord), \
     maker(CommRecord)
 
@@ -198,8 +200,8 @@ class _PSRun:
         self.env = env = CountingEnvironment()
         wl, cluster = scenario.workload, scenario.cluster
         self.workers, self.steps_each = scenario.workers, scenario.steps
-        self.step_records: list[StepRecord] = []
-        self.update_records: list[UpdateRecord] = []
+        self.step_records: list[tuple] = []     # rows of StepRecord's fields
+        self.update_records: list[tuple] = []   # rows of UpdateRecord's fields
         self.comm_rows: list[tuple] = []
         self.hardware = psnet.hardware(cluster, wl, scenario.workers, servers, placement)
         self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
@@ -240,9 +242,10 @@ class _PSRun:
             self.env.process(worker(w))
         with quiet_gc():
             self.env.run()
-        comms = tuple(_comm_record(*row) for row in self.comm_rows)
-        return SimResult(steps=tuple(self.step_records), updates=tuple(self.update_records),
-                         comms=comms, events=self.env.events, notes=notes)
+        return SimResult(steps=LazyRecords(_step_record, self.step_records),
+                         updates=LazyRecords(_update_record, self.update_records),
+                         comms=LazyRecords(_comm_record, self.comm_rows),
+                         events=self.env.events, notes=notes)
 
     # -- the network ---------------------------------------------------------------------
 
@@ -388,10 +391,10 @@ class _PSRun:
 
     def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied):
         end = self.env._now
-        self.step_records.append(_step_record(        # worker, step, start_s, end_s,
+        self.step_records.append((                    # worker, step, start_s, end_s,
             w, step, ready, end, t_push - t_compute,  # compute_s, comm_exposed_s, wait_s
             (t_compute - t_pull) + (pushed - t_push), (t_pull - ready) + (end - pushed)))
-        self.update_records.append(_update_record(    # version_read, version_applied, time
+        self.update_records.append((                  # version_read, version_applied, time
             w, step, read, applied, end))
 
     # -- SSP clocks ----------------------------------------------------------------------
