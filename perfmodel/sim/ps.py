@@ -61,12 +61,14 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from heapq import heappush
 
 import simpy
 from simpy.events import NORMAL, Event
 
 from perfmodel import memory as memory_model
+from perfmodel.cluster import Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import psnet
@@ -191,6 +193,13 @@ _step_record, _update_record, _comm_record = maker(StepRecord), maker(UpdateReco
     maker(CommRecord)
 
 
+@lru_cache(maxsize=256)
+def _full_bandwidth_s(link: Link, nbytes: float) -> float:
+    """Seconds a message of `nbytes` holds a direction of `link`: the same for every worker of
+    a kind, and the efficiency lookup cost ~40 ms a 4096-worker run (once per route)."""
+    return psnet.work_bytes(link, nbytes) / (link.bandwidth_GBps * 1e9)
+
+
 class _PSRun:
     """One simulation: the servers, the network's pools, the workers' state, the records."""
 
@@ -255,8 +264,7 @@ class _PSRun:
         nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
         if r.link is None or nbytes <= 0:          # same device: no link at all
             return (None, None, 0.0, 0.0, nbytes)
-        seconds = psnet.work_bytes(r.link, nbytes) / (r.link.bandwidth_GBps * 1e9)
-        return (r.pools[0], r.pools[1], seconds, r.latency_s, nbytes)
+        return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes)
 
     def send(self, w: int, i: int, kind: str, routes: list) -> float:
         """Carry one message between worker w and server position i (`routes`: this kind's
