@@ -1,7 +1,7 @@
 """How fast are the parameter-server predictions? Whole-process times, interleaved repeats.
 
     python benchmarks/ps_speed.py [--repeats 3] [--tree DIR] [--against DIR] [--cases K,...]
-                                  [--out FILE] [--baseline FILE]
+                                  [--bytecode as-found|compiled] [--out FILE] [--baseline FILE]
 
 Cases (issue 13's targets on a 2-core machine): `perfmodel predict` of every PS strategy at
 1024 workers (< 0.7 s) and 4096 workers (< 2 s), a 16-worker predict (< 0.3 s), and the full
@@ -19,6 +19,12 @@ same rounds, each case alternating between the two, and prints the ratio of the 
 the same run: the fairest comparison on a shared machine. `--baseline FILE` compares with a
 JSON file this script wrote earlier (benchmarks/ps_speed_baseline.json), which is only fair at
 similar load. No unit test asserts any of these times.
+
+Bytecode: where PYTHONDONTWRITEBYTECODE is set (this machine sets it) and a tree has no
+__pycache__, every run compiles perfmodel's ~30 modules from source, ~60 ms of CPU, which an
+installed package (pip compiles at install) never pays. `--bytecode compiled` runs
+`python -m compileall` on each tree's perfmodel/ first; the default, as-found, times the trees
+as they are. The output records which, and the variable.
 """
 
 from __future__ import annotations
@@ -85,10 +91,16 @@ def main() -> None:
                     help="a second tree timed in the same rounds (e.g. the code before)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated case names to run (default: all)")
+    ap.add_argument("--bytecode", choices=("as-found", "compiled"), default="as-found",
+                    help="compiled: byte-compile each tree's perfmodel/ first, as an install does")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--baseline", type=Path, default=None)
     args = ap.parse_args()
     trees = {"tree": args.tree} | ({"against": args.against} if args.against else {})
+    if args.bytecode == "compiled":
+        for tree in trees.values():
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "perfmodel")],
+                           check=True)
     with tempfile.TemporaryDirectory() as tmp:
         todo = cases(tmp)
         if args.cases:
@@ -102,7 +114,9 @@ def main() -> None:
     base = json.loads(args.baseline.read_text())["cases"] if args.baseline else {}
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-              "tree": str(args.tree), "repeats": args.repeats, "cases": {}}
+              "tree": str(args.tree), "repeats": args.repeats, "bytecode": args.bytecode,
+              "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+              "cases": {}}
     if args.against:
         result["against"] = str(args.against)
     for key in todo:
