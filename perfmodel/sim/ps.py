@@ -74,8 +74,14 @@ from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import psnet
 from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
-from perfmodel.sim.records import (CommRecord, LazyRecords, SimResult, StepRecord, UpdateRecord,
-                                   maker)
+from perfmodel.sim.records import (
+    CommRecord,
+    LazyRecords,
+    SimResult,
+    StepRecord,
+    UpdateRecord,
+    maker,
+)
 from perfmodel.sim.scenario import Scenario
 
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
