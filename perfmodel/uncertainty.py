@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 from perfmodel.errors import PerfmodelError
@@ -103,6 +102,10 @@ def prediction_interval(point_s: float, *, network_rms_rel: float, compute_rms_r
             raise PerfmodelError(f"{name} must be a finite number >= 0, got {value}")
     sigma = math.sqrt((compute_share * compute_rms_rel) ** 2
                       + (network_share * network_rms_rel) ** 2 + run_spread_cv**2)
+    # imported here: statistics pulls in decimal and fractions (~8 ms), which a prediction
+    # without an interval (every spec-derived profile) never needs
+    from statistics import NormalDist
+
     z = NormalDist().inv_cdf((1 + coverage) / 2)
     return PredictionInterval(point_s=point_s, low_s=point_s * math.exp(-z * sigma),
                               high_s=point_s * math.exp(z * sigma), coverage=coverage,

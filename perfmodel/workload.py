@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -237,6 +236,8 @@ def write_user_workload(name: str, text: str, *, force: bool = False) -> Path:
     parse_workload(tomllib.loads(text), target)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        import tempfile  # here: with shutil, bz2 and lzma ~8 ms, which every predict paid
+
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -61,18 +61,27 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from heapq import heappush
 
 import simpy
 from simpy.events import NORMAL, Event
 
 from perfmodel import memory as memory_model
+from perfmodel.cluster import Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import psnet
 from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
-from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord, maker
+from perfmodel.sim.records import (
+    CommRecord,
+    LazyRecords,
+    SimResult,
+    StepRecord,
+    UpdateRecord,
+    maker,
+)
 from perfmodel.sim.scenario import Scenario
 
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
@@ -184,9 +193,17 @@ def _fire_at(env: simpy.Environment, event: simpy.Event, at_s: float, value=None
 
 
 # The records, built with their slots set directly: the frozen dataclasses' __init__ sets
-# each field through object.__setattr__, 2-3x slower, and a 4096-worker run makes 330,000.
+# each field through object.__setattr__, 2-3x slower, and a 4096-worker run makes 330,000
+# (only if they are read: the run keeps rows of their fields, records.LazyRecords).
 _step_record, _update_record, _comm_record = maker(StepRecord), maker(UpdateRecord), \
     maker(CommRecord)
+
+
+@lru_cache(maxsize=256)
+def _full_bandwidth_s(link: Link, nbytes: float) -> float:
+    """Seconds a message of `nbytes` holds a direction of `link`: the same for every worker of
+    a kind, and the efficiency lookup cost ~40 ms a 4096-worker run (once per route)."""
+    return psnet.work_bytes(link, nbytes) / (link.bandwidth_GBps * 1e9)
 
 
 class _PSRun:
@@ -198,8 +215,8 @@ class _PSRun:
         self.env = env = CountingEnvironment()
         wl, cluster = scenario.workload, scenario.cluster
         self.workers, self.steps_each = scenario.workers, scenario.steps
-        self.step_records: list[StepRecord] = []
-        self.update_records: list[UpdateRecord] = []
+        self.step_records: list[tuple] = []     # rows of StepRecord's fields
+        self.update_records: list[tuple] = []   # rows of UpdateRecord's fields
         self.comm_rows: list[tuple] = []
         self.hardware = psnet.hardware(cluster, wl, scenario.workers, servers, placement)
         self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
@@ -240,9 +257,10 @@ class _PSRun:
             self.env.process(worker(w))
         with quiet_gc():
             self.env.run()
-        comms = tuple(_comm_record(*row) for row in self.comm_rows)
-        return SimResult(steps=tuple(self.step_records), updates=tuple(self.update_records),
-                         comms=comms, events=self.env.events, notes=notes)
+        return SimResult(steps=LazyRecords(_step_record, self.step_records),
+                         updates=LazyRecords(_update_record, self.update_records),
+                         comms=LazyRecords(_comm_record, self.comm_rows),
+                         events=self.env.events, notes=notes)
 
     # -- the network ---------------------------------------------------------------------
 
@@ -252,8 +270,7 @@ class _PSRun:
         nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
         if r.link is None or nbytes <= 0:          # same device: no link at all
             return (None, None, 0.0, 0.0, nbytes)
-        seconds = psnet.work_bytes(r.link, nbytes) / (r.link.bandwidth_GBps * 1e9)
-        return (r.pools[0], r.pools[1], seconds, r.latency_s, nbytes)
+        return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes)
 
     def send(self, w: int, i: int, kind: str, routes: list) -> float:
         """Carry one message between worker w and server position i (`routes`: this kind's
@@ -388,10 +405,10 @@ class _PSRun:
 
     def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied):
         end = self.env._now
-        self.step_records.append(_step_record(        # worker, step, start_s, end_s,
+        self.step_records.append((                    # worker, step, start_s, end_s,
             w, step, ready, end, t_push - t_compute,  # compute_s, comm_exposed_s, wait_s
             (t_compute - t_pull) + (pushed - t_push), (t_pull - ready) + (end - pushed)))
-        self.update_records.append(_update_record(    # version_read, version_applied, time
+        self.update_records.append((                  # version_read, version_applied, time
             w, step, read, applied, end))
 
     # -- SSP clocks ----------------------------------------------------------------------
