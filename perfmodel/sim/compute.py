@@ -53,13 +53,15 @@ def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str,
 
 def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
                optimizer_param_fraction: float = 1.0,
-               overlapped: tuple[str, ...] = ()) -> UnitTimes:
+               overlapped: tuple[str, ...] = (), busy: float = 1.0) -> UnitTimes:
     """Per-unit forward and backward seconds for `batch_size` samples on one device.
 
     `optimizer_param_fraction` is the share of parameters this worker updates
     (1 for DDP, 1/N for FSDP, 0 for a PS worker whose server applies the update).
     Passes named in `overlapped` ("forward", "backward") run while communication is in
     flight and are stretched by the profile's calibrated `compute.overlap_slowdown`.
+    `busy` processes share the node's compute cores (a CPU host): every pass and the
+    optimizer step are stretched by `cluster.compute_share(busy)` (1 on a GPU).
     """
     key = workload.precision_spec.compute_key
     ratio, bytes_ratio = cluster.compute.backward_flops_ratio, cluster.compute.backward_bytes_ratio
@@ -78,7 +80,9 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
     bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
-    return UnitTimes(fwd, bwd, optimizer_seconds(cluster, workload, optimizer_param_fraction))
+    share = cluster.compute_share(busy)
+    return UnitTimes(share * fwd, share * bwd,
+                     share * optimizer_seconds(cluster, workload, optimizer_param_fraction))
 
 
 def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fraction: float) -> float:

@@ -20,6 +20,10 @@ time (end − start − compute) is split by a counterfactual: comm_exposed_s is
 the worker would have had if every rank had run exactly as fast as it did (communication its
 own compute did not hide); wait_s is the rest, time lost because OTHER ranks were late
 (stragglers, jitter). Synchronous training: every update has staleness 0.
+
+On a CPU host (`topology.compute_cpu_cores_per_node` > 0) the ranks of a node compute at
+once on its cores, so every pass is stretched by `cluster.compute_share(ranks per node)`
+(perfmodel/sim/cores.py); on GPUs the factor is 1.
 """
 
 from __future__ import annotations
@@ -138,7 +142,8 @@ class DDP:
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
         times = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           overlapped=("backward",) if n > 1 else ())
+                           overlapped=("backward",) if n > 1 else (),
+                           busy=min(n, cluster.devices_per_node))   # ranks sharing a node
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         buckets = gradient_buckets(scenario.workload, times.backward_s,
                                    self.options.bucket_cap_MiB, self.options.first_bucket_MiB)

@@ -19,6 +19,15 @@ Simplification: all-gathers and reduce-scatters share ONE FIFO link. NCCL runs t
 separate streams that share the network's bandwidth; FIFO keeps the bytes and their order
 and gives the same total, but it cannot overlap an all-gather with a reduce-scatter.
 
+Blocking collectives (`FSDP.blocking`: where the profile's communication is CPU-driven,
+`topology.comm_cpu_cores_per_node` > 0, i.e. gloo on a CPU host): FSDP2 on gloo issues
+each all-gather and reduce-scatter synchronously (measure/runs/fsdp.py times the call and
+waits on it), so the rank stands still until it is done: nothing overlaps compute, no pass
+is stretched by `compute.overlap_slowdown`, and a unit's backward waits for the previous
+unit's reduce-scatter. Prefetch then only orders the all-gathers; it hides nothing.
+On a CPU host every pass is also stretched by `cluster.compute_share(ranks per node)` (core
+sharing, perfmodel/sim/cores.py).
+
 Same vectorised design as `ddp.py`: one SimPy process drives all workers with numpy clocks,
 each collective is a SimPy process on the shared link and starts when the last rank issues it;
 records, the wait_s / comm_exposed_s split and staleness 0 are as documented there.
@@ -105,17 +114,24 @@ class FSDP:
 
         return {"worker": fsdp_memory(scenario, self.options.variant, self.options.prefetch)}
 
+    @staticmethod
+    def blocking(cluster) -> bool:
+        """Whether collectives block the rank: where communication is CPU-driven (gloo)."""
+        return cluster.comm_cpu_cores_per_node > 0
+
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
         units = len(wl.units)
+        blocking = self.blocking(cluster)
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           overlapped=("forward", "backward") if n > 1 else ())
+                           overlapped=("forward", "backward") if n > 1 and not blocking
+                           else (), busy=min(n, cluster.devices_per_node))
         # MixedPrecisionPolicy: gathers in param_dtype, reduce-scatters in reduce_dtype.
         param_bytes = [u.params * wl.precision_spec.compute_bytes for u in wl.units]
         grad_bytes = [u.params * wl.precision_spec.reduce_bytes for u in wl.units]
         gather_s = [allgather_s(cluster, n, b) for b in param_bytes]
         scatter_s = [reduce_scatter_s(cluster, n, b) for b in grad_bytes]
-        k = self.options.prefetch
+        k = 0 if blocking else self.options.prefetch   # blocking: a gather waits its turn
         ahead = max(k, 1)                       # all-gathers in flight when a phase begins
         regather = self.options.variant == "full-shard"
 
@@ -156,6 +172,8 @@ class FSDP:
                     t, ta = t + times.backward_s[u] * slow, ta + times.backward_s[u] * slow
                     net.launch(("scatter", u), "reduce-scatter", grad_bytes[u], scatter_s[u],
                                t, ta)
+                    if blocking:
+                        t, ta = yield from net.wait(("scatter", u), t, ta)
                     if regather and not k and j + 1 < units:
                         gather("backward", order[j + 1], t, ta)
                 for u in order:
@@ -171,7 +189,10 @@ class FSDP:
 
         env.process(training())
         env.run()
-        notes = (f"{self.options.variant}, prefetch {k}: all-gathers and reduce-scatters share "
+        notes = (f"{self.options.variant}, prefetch {self.options.prefetch}: all-gathers and reduce-scatters share "
                  f"one FIFO link ({link.name}); the optimizer updates 1/{n} of the parameters",)
+        if blocking and n > 1:
+            notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
+                      "none overlaps compute",)
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)
