@@ -18,6 +18,9 @@ it feeds (calibration/from_store.py):
   the memory fit can tell a constant from a fraction).
 - ps: the first workload with one worker (no queue at the server): checks of the server round
   trip and of the PS memory model.
+- cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
+  interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
+  (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
 
 On this 2-core host a launch spends most of its time importing torch (3-8 s per process,
 more when the host is busy), so the suite is a few launches doing several things each.
@@ -54,6 +57,8 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
 COLLECTIVE_REPEATS = 3
+CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
+CORES_REPEATS = 2
 DDP_REPEATS = 3
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
@@ -71,14 +76,16 @@ class SuiteSize:
     steps: int
     ddp_repeats: int
     second_ddp: bool
+    cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
                  collective_repeats=COLLECTIVE_REPEATS, compute_repeats=8,
-                 compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True)
+                 compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
+                 cores_repeats=CORES_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, compute_repeats=5, compute_workloads=2, steps=8,
-                  ddp_repeats=2, second_ddp=False)
+                  ddp_repeats=2, second_ddp=False, cores_repeats=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +95,7 @@ class Measurement:
     config: dict[str, Any]          # config.json, with its calibration marker
     nproc: int                      # processes on this node
     multinode: bool = False         # launched with the torchrun multi-node flags
+    oversubscribe: bool = False     # more processes than cores, on purpose (core sharing)
 
     @property
     def progress_total(self) -> int:
@@ -112,10 +120,11 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     out: list[Measurement] = []
 
     def add(key: str, label: str, config: dict, repeat: int = 1, multinode: bool = False,
-            nproc: int | None = None) -> None:
+            nproc: int | None = None, oversubscribe: bool = False) -> None:
         config = {**config, "calibration": {"suite": suite, "item": key, "repeat": repeat}}
         out.append(Measurement(key=f"{key}-{repeat}", label=label, config=config,
-                               nproc=nproc or processes(config), multinode=multinode))
+                               nproc=nproc or processes(config), multinode=multinode,
+                               oversubscribe=oversubscribe))
 
     sweeps = f"{size.collective_repeats} sweeps of {', '.join(COLLECTIVE_OPS)}"
     if nnodes > 1:       # first, so that every node starts it at once
@@ -141,6 +150,16 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 _training("ddp", w, ranks, size.steps, {}, common), r)
     add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
         _training("ps", names[0], 1, size.steps, {"mode": "sync"}, common))
+    if kind == "cpu":
+        batch = load_workload(names[0]).batch_size
+        for r in range(1, size.cores_repeats + 1):
+            for busy in CORES_BUSY:
+                add(f"cores-{names[0]}-{busy}",
+                    f"compute {names[0]} in {busy} processes at once "
+                    f"({r} of {size.cores_repeats})",
+                    compute_config(workload=names[0], batch_sizes=[batch],
+                                   repeats=size.compute_repeats, warmup=3, concurrent=busy,
+                                   **common), r, oversubscribe=True)
     return tuple(out)
 
 

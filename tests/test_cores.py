@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from perfmodel.sim import cores
+from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import unit_times
 from perfmodel.sim.ddp import DDP
 from perfmodel.sim.fsdp import FSDP
-from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.ps import AsyncPS, SyncPS
 from perfmodel.sim.scenario import Scenario
 from tests.factories import make_cluster, make_workload

@@ -17,7 +17,8 @@ synchronisation and PS queueing stay real, as on GPUs that leave the CPU free).
 How a B item is predicted (`scenario_for`, `model_options`):
 - the same workers, batch, speeds and steps as the run (steps = warm-up + timed steps);
 - timed-wait runs: compute cannot be slowed by communication (overlap_slowdown = 1) or by
-  sharing cores (a sleeping worker leaves its core free: SLEEPING_CORES) and has no jitter; the waits are the model's own unit times (`compute_wait`), so what is tested is
+  sharing cores (a sleeping worker leaves its core free: SLEEPING_CORES) and has no
+  jitter; the waits are the model's own unit times (`compute_wait`), so what is tested is
   communication, synchronisation and queueing;
 - a capped link: the ranks sit on two emulated nodes (devices_per_node = 1) joined by an
   inter-node link of the cap's bandwidth, with the calibrated loopback latency;

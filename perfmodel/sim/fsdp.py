@@ -189,8 +189,9 @@ class FSDP:
 
         env.process(training())
         env.run()
-        notes = (f"{self.options.variant}, prefetch {self.options.prefetch}: all-gathers and reduce-scatters share "
-                 f"one FIFO link ({link.name}); the optimizer updates 1/{n} of the parameters",)
+        notes = (f"{self.options.variant}, prefetch {self.options.prefetch}: all-gathers and "
+                 f"reduce-scatters share one FIFO link ({link.name}); the optimizer updates "
+                 f"1/{n} of the parameters",)
         if blocking and n > 1:
             notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
                       "none overlaps compute",)
