@@ -81,9 +81,9 @@ from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecor
 from perfmodel.sim.scenario import Scenario
 
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
-SHARING_ROUNDS = 6             # simulations at most to settle the core-sharing fixed point
-SHARING_TOLERANCE = 0.01       # ... stop when no stretch moves by more than this (relative);
-                               # each round is damped (the mean of the old and new stretch)
+SHARING_ROUNDS = 8             # simulations at most to settle the core-sharing fixed point
+SHARING_TOLERANCE = 0.01       # ... stop when no stretch moves by more than this (relative)
+UNDAMPED_ROUNDS = 3            # later rounds are damped (the mean of the old and new stretch)
 
 
 def _check_servers(servers: object) -> None:
@@ -525,9 +525,11 @@ class _PSStrategy:
         """Simulate `worker` ("sync" or "async") to the end. Where workers and servers share
         compute (a CPU host's cores, a GPU hosting a colocated server) the stretch is a fixed
         point: simulate, measure the busy counts, stretch, simulate again until the stretch
-        moves by less than SHARING_TOLERANCE (at most SHARING_ROUNDS simulations)."""
+        moves by less than SHARING_TOLERANCE (at most SHARING_ROUNDS - 1 simulations; after
+        UNDAMPED_ROUNDS the update is damped, since busy counts measured on a few steps can
+        oscillate)."""
         stretch = None
-        for _ in range(SHARING_ROUNDS):
+        for rounds in range(SHARING_ROUNDS):
             run = _PSRun(scenario, self.options.servers, self.options.server_placement,
                          service=self.service, stretch=stretch, **kw)
             if stretch is None:
@@ -542,8 +544,10 @@ class _PSStrategy:
                                                        stretch[0] + stretch[1], strict=True))
             if moved < SHARING_TOLERANCE:
                 break
-            stretch = tuple([(a + b) / 2 for a, b in zip(x, y, strict=True)]   # damped
+            if rounds >= UNDAMPED_ROUNDS:       # still moving: it oscillates, so damp it
+                new = tuple([(a + b) / 2 for a, b in zip(x, y, strict=True)]
                             for x, y in zip(new, stretch, strict=True))
+            stretch = new
         return run
 
     def _placement_note(self, run: _PSRun) -> str:
