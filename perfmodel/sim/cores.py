@@ -72,3 +72,12 @@ def device_share(busy: float) -> float:
     """Stretch of work on one device (a GPU) shared by `busy` processes on average:
     processor sharing on one "core", max(1, b)."""
     return max(1.0, busy)
+
+
+def ranks_note(cluster, ranks: int) -> tuple[str, ...]:
+    """DDP/FSDP: a note when the node's ranks share its cores (none on GPUs or when they fit)."""
+    share = cluster.compute_share(ranks)
+    if share <= 1.0:
+        return ()
+    return (f"{ranks} ranks share {cluster.compute_cpu_cores_per_node} cores per node: "
+            f"compute x{share:.2f} (core sharing)",)

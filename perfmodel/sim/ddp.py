@@ -35,6 +35,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
 from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -201,4 +202,5 @@ class DDP:
                 f"first, {self.options.bucket_cap_MiB:g} MiB cap), {self.options.allreduce} "
                 f"all-reduce over {link.name}")
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
-                         events=env.events, notes=(note,))
+                         events=env.events,
+                         notes=(note, *ranks_note(cluster, min(n, cluster.devices_per_node))))

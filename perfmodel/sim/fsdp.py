@@ -43,6 +43,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -195,5 +196,6 @@ class FSDP:
         if blocking and n > 1:
             notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
                       "none overlaps compute",)
+        notes += ranks_note(cluster, min(n, cluster.devices_per_node))
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)

@@ -241,7 +241,7 @@ class _PSRun:
         nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
         # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
         # stretch) from the previous round of the fixed point, and the spans it measures
-        self.cluster = cluster
+        self.cluster, self.stretch = cluster, stretch
         worker_stretch, server_stretch = stretch or (None, None)
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
                                      worker_stretch)
@@ -268,6 +268,8 @@ class _PSRun:
             self.env.run()
 
     def result(self, notes: tuple[str, ...]) -> SimResult:
+        if self.stretch is not None:
+            notes = (*notes, _sharing_note(self))
         comms = tuple(_comm_record(*row) for row in self.comm_rows)
         return SimResult(steps=tuple(self.step_records), updates=tuple(self.update_records),
                          comms=comms, events=self.env.events, notes=notes)
@@ -468,6 +470,15 @@ def _sharing_groups(run: _PSRun) -> list[tuple[list[int], list[int], bool]]:
             hosts.setdefault(layout.device_of_server[k], []).append(i)
         groups = [([w], servers, False) for w, servers in sorted(hosts.items())]
     return groups
+
+
+def _sharing_note(run: _PSRun) -> str:
+    workers, servers = run.stretch
+    where = (f"{run.cluster.compute_cpu_cores_per_node} cores per node"
+             if run.cluster.compute_cpu_cores_per_node else "the host device")
+    return (f"compute shared ({where}; busy processes and server duty cycle as a fixed "
+            f"point): worker compute x{min(workers):.2f}-{max(workers):.2f}, server applies "
+            f"x{min(servers):.2f}-{max(servers):.2f}")
 
 
 def _sharing_stretch(run: _PSRun, first: bool = False
