@@ -125,3 +125,13 @@ def test_measured_profile_carries_the_host_cores_and_contention_only_on_a_cpu_ba
     gpu = build_profile("g", load_cluster("a100"), MeasuredFits(), info)
     assert "compute_cpu_cores_per_node" not in gpu["topology"]
     assert "core_contention" not in gpu["compute"]
+
+
+def test_concurrent_compute_config_runs_p_processes_of_whole_steps():
+    from measure.configs import compute_config, processes, progress_total
+
+    config = compute_config(workload="cnn-small", batch_sizes=[32], repeats=5, warmup=2,
+                            seed=0, timeout_s=60, threads_per_worker=1, concurrent=3)
+    assert processes(config) == 3 and config["batch_size"] == 32
+    assert config["options"]["compute"]["concurrent"] is True
+    assert progress_total(config) == 1
