@@ -83,6 +83,23 @@ def test_overlap_fraction_by_hand():
     assert cores.mean_busy([], [[(0, 1)]]) == 1.0
 
 
+def test_fluid_stretch_is_processor_sharing_given_who_is_busy():
+    two = cpu_host(2)
+    # two workers compute [0, 10] while a server applies [0, 5]: 3 busy on 2 cores for half
+    # the time (rate 2/3), 2 busy the rest (rate 1): work 5·2/3 + 5 = 8.33 in 10 s -> 1.2
+    compute = [(0, 10), (0, 10)]
+    assert cores.fluid_stretch(compute, [[(0, 5)]], two.compute_share) == pytest.approx(1.2)
+    # the average-b shortcut would say 1.25 (b = 2.5): Jensen; the fluid one is exact
+    assert two.compute_share(cores.mean_busy(compute, [[(0, 5)]])) == pytest.approx(1.25)
+    # one core, two processes always busy together: each takes twice as long
+    assert cores.fluid_stretch([(0, 4)], [[(0, 4)]], cpu_host(1).compute_share) == \
+        pytest.approx(2.0)
+    # a GPU shared with a colocated apply for 2 of the worker's 8 s: work 6 + 2/2 = 7 -> 8/7
+    assert cores.fluid_stretch([(0, 8)], [[(0, 2)]], cores.device_share) == \
+        pytest.approx(8 / (6 + 1))
+    assert cores.fluid_stretch([], [[(0, 1)]], two.compute_share) == 1.0
+
+
 # -- the strategies --------------------------------------------------------------------------
 
 def _compute_s(result, warmup=2) -> float:

@@ -483,8 +483,8 @@ def _sharing_note(run: _PSRun) -> str:
 
 def _sharing_stretch(run: _PSRun, first: bool = False
                      ) -> tuple[list[float], list[float]] | None:
-    """(compute stretch per worker, apply stretch per server position) from the busy counts
-    of a finished `run` (cores.mean_busy); `first`: the starting guess before any run (the
+    """(compute stretch per worker, apply stretch per server position) from the busy spans
+    of a finished `run` (cores.fluid_stretch); `first`: the starting guess before any run (the
     node's workers all computing, servers idle), or None when nothing shares compute."""
     groups = _sharing_groups(run)
     if not groups:
@@ -498,15 +498,13 @@ def _sharing_stretch(run: _PSRun, first: bool = False
                     workers[w] = cluster.compute_share(len(ws))
             continue
         compute = [span for w in ws for span in run.compute_spans[w]]
-        busy_w = cores.mean_busy(compute, [run.servers[i].spans for i in ss])
         share = cluster.compute_share if on_cores else cores.device_share
+        stretch_w = cores.fluid_stretch(compute, [run.servers[i].spans for i in ss], share)
         for w in ws:
-            workers[w] = share(busy_w)
+            workers[w] = stretch_w
         for i in ss:     # the server computes beside the workers it overlaps, and the others
             others = [run.servers[j].spans for j in ss if j != i]
-            spans = run.servers[i].spans
-            busy_s = cores.mean_busy(spans, [compute, *others]) if spans else 1.0
-            servers[i] = share(busy_s)
+            servers[i] = cores.fluid_stretch(run.servers[i].spans, [compute, *others], share)
     return workers, servers
 
 
