@@ -17,7 +17,7 @@ it feeds (calibration/from_store.py):
   run-to-run spread of a repeated configuration), the second once (a second model size, so
   the memory fit can tell a constant from a fraction).
 - ps: the first workload with one worker (no queue at the server): checks of the server round
-  trip and of the PS memory model.
+  trip and of the PS memory model; the server does not evaluate while it runs.
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
@@ -57,6 +57,7 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
 COLLECTIVE_REPEATS = 3
+WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
 CORES_REPEATS = 2
 DDP_REPEATS = 3
@@ -148,8 +149,15 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
             n = sum(1 for x, _ in ddp if x == w)
             add(f"ddp-{w}", f"ddp {w}, {ranks} workers" + (f" ({r} of {n})" if n > 1 else ""),
                 _training("ddp", w, ranks, size.steps, {}, common), r)
+    # No evaluation while it runs: measure/runs/ps.py's server evaluates its model every
+    # eval_every versions, by default 8 times a run (every update in a --quick run), and with
+    # one worker each evaluation sits in the round trip the check compares (cnn-small: ~270
+    # ms an evaluation against a ~10 ms round trip: the "-95 %" of issue 14). eval_every
+    # beyond the run's updates leaves only the evaluations before the first and after the
+    # last update, outside every timed round trip.
     add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
-        _training("ps", names[0], 1, size.steps, {"mode": "sync"}, common))
+        _training("ps", names[0], 1, size.steps,
+                  {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common))
     if kind == "cpu":
         batch = load_workload(names[0]).batch_size
         for r in range(1, size.cores_repeats + 1):
@@ -173,7 +181,8 @@ def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:
 def _training(kind: str, workload: str, workers: int, steps: int, options: dict,
               common: dict) -> dict:
     return training_config(kind, workers=workers, workload=workload, batch_size=None,
-                           steps=steps, warmup_steps=2, speed=None, options=options, **common)
+                           steps=steps, warmup_steps=WARMUP_STEPS, speed=None, options=options,
+                           **common)
 
 
 # ---------------------------------------------------------------- what is stored already

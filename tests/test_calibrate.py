@@ -178,6 +178,11 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert [m.nproc for m in cores] == [1, 2, 3, 1, 2, 3]
     assert all(m.oversubscribe for m in cores)
     assert not any(m.oversubscribe for m in full if m not in cores)
+    # the PS round-trip check: no server evaluation inside any timed round trip
+    for suite in (full, quick):
+        [ps] = [m for m in suite if m.config["kind"] == "ps"]
+        updates = ps.config["steps"] + ps.config["warmup_steps"]
+        assert ps.config["options"]["ps"]["eval_every"] > updates
     assert all(m.config["calibration"]["suite"] == "local" for m in full)
     with pytest.raises(PerfmodelError, match="unknown workload 'nope'"):
         build_suite("cpu", suite="local", workloads=("nope",))
