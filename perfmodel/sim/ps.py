@@ -80,6 +80,7 @@ from perfmodel.sim.engine import CountingEnvironment, quiet_gc
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord, maker
 from perfmodel.sim.scenario import Scenario
 
+SAME_TIME_REL = 1e-12          # times this close (relative) are one instant (rounding)
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
 SHARING_ROUNDS = 8             # simulations at most to settle the core-sharing fixed point
 SHARING_TOLERANCE = 0.01       # ... stop when no stretch moves by more than this (relative)
@@ -181,6 +182,10 @@ class _Server:
         return end, version
 
     def applied_by(self, now: float) -> int:
+        # An apply ending at `now` counts: `_fire_at` wakes a waiter at now' + (end - now'),
+        # which rounding can put one ulp before `end` (sync-ps, 1 worker, speed 0.859375:
+        # the step after an apply read the version before it). SAME_TIME_REL absorbs that.
+        now = now + SAME_TIME_REL * now
         while self.finishes and self.finishes[0] <= now:
             self.finishes.popleft()
             self.completed += 1
