@@ -80,7 +80,8 @@ def measure(suite_plan: SuitePlan, store: Store, *, torchrun: Sequence[str] = ()
         update = progress.start(f"[{i}/{len(todo)}] {m.label}", m.progress_total)
         stored = session.run(m.config, m.nproc, store,
                              torchrun_args=torchrun if m.multinode else (),
-                             progress=update, timeout_s=max_time_s, protocol=protocol)
+                             progress=update, timeout_s=max_time_s, protocol=protocol,
+                             oversubscribe=m.oversubscribe)
         progress.finish(stored.outcome(m.label))
         if stored.interrupted:
             raise KeyboardInterrupt

@@ -19,8 +19,17 @@ What each kind of run (measure/store.py) feeds:
   run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
   against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
+- compute in concurrent mode (1, 2 and 3 processes timing whole steps at once):
+  compute.core_contention from CPU seconds per step, and checks of the whole core-sharing
+  factor against the wall-time ratios (calibration/fit_cores.py); the profile's
+  topology.compute_cpu_cores_per_node is the host's core count.
 - ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
-  model's, and each rank's measured peak against perfmodel/memory.py ps_memory.
+  model's — the apply charged as the simulation charges it, the workload's optimizer over
+  the server's parameters (perfmodel/sim/compute.py `optimizer_seconds`) — and each rank's
+  measured peak against perfmodel/memory.py ps_memory.
+- a check with a stated tolerance that misses it says so loudly: a note starting
+  CHECK_FAILED in the profile's [calibration] notes, which `perfmodel calibrate` also
+  prints to stderr.
 - the self-check (calibration/selfcheck.py): every training run no fit used (PS runs, and
   runs marked `role = "check"`, which every fit leaves out) is predicted with the finished
   profile component by component; what is off by more than its tolerance is written to
@@ -52,6 +61,7 @@ import numpy as np
 
 from calibration.fit import FitResult, fit_result, relative_lstsq
 from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
+from calibration.fit_cores import ConcurrentTiming, fit_core_contention, sharing_checks
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
@@ -69,7 +79,7 @@ from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, pa
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim.collectives import link_transfer_s
-from perfmodel.sim.compute import unit_times
+from perfmodel.sim.compute import optimizer_seconds, unit_times
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.workload import Workload, load_workload
@@ -85,6 +95,11 @@ COMMANDS = {
     "optimizer": "perfmodel measure compute --workload cnn-small (a second workload)",
 }
 T = TypeVar("T")
+CHECK_FAILED = "CHECK FAILED"
+# The PS round trip's tolerance: between runs the mean step moves ±15-20 % on a shared
+# 2-core host (DESIGN.md, "What this machine can and cannot measure"), so a model off by
+# more than 20 % is off by more than the machine's noise.
+PS_ROUND_TRIP_TOL = 0.20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,10 +173,15 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     host = (dataclasses.replace(base_cluster, comm_cpu_cores_per_node=os.cpu_count() or 1)
             if base_cluster.comm_cpu_cores_per_node else None)      # CPU-driven links
     network = _network(by_kind["collectives"], host)
-    compute, optimizer, apply = _compute(by_kind["compute"], base_cluster, notes)
+    concurrent = [r for r in by_kind["compute"] if _is_concurrent(r)]
+    units = [r for r in by_kind["compute"] if not _is_concurrent(r)]
+    compute, optimizer, apply = _compute(units, base_cluster, notes)
+    checks: dict[str, dict] = {}
+    contention = _cores(concurrent, base_cluster, notes, checks)
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
-                        optimizer_GBps=optimizer, server_apply_GBps=apply)
+                        optimizer_GBps=optimizer, server_apply_GBps=apply,
+                        core_contention=contention)
     # the profile so far: the model that the overlap fit and the checks predict with
     stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
@@ -175,7 +195,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if parallel:
         jitter = _jitter(parallel)
     memory = _memory([r for k in ("ddp", "fsdp") for r in by_kind[k]], base_cluster, notes)
-    checks = _ps_checks(by_kind["ps"], stage1, base_cluster)
+    checks |= _ps_checks(by_kind["ps"], stage1, base_cluster)
+    notes += failed_checks(checks)
     spread, spread_runs = _run_spread([r for k in TRAINING_KINDS for r in by_kind[k]])
     if spread is None and any(by_kind[k] for k in TRAINING_KINDS):
         notes.append("run-to-run spread not measured: no training configuration was run "
@@ -346,6 +367,54 @@ def _compute(runs, base: ClusterProfile, notes: list[str]):
     return (fit, fit_optimizer_rate(state, seconds), fit_server_apply(grads, seconds))
 
 
+def _is_concurrent(run) -> bool:
+    return bool(((run.row.config.get("options") or {}).get("compute") or {}).get("concurrent"))
+
+
+def concurrent_timings(runs) -> list[ConcurrentTiming]:
+    """Each rank's concurrent-mode summary (measure/runs/compute.py run_concurrent)."""
+    out = []
+    for r in runs:
+        per_rank: dict[int, dict[str, float]] = defaultdict(dict)
+        for s in r.table("summaries"):
+            if isinstance(s["value"], int | float):
+                per_rank[s["rank"]][s["key"]] = float(s["value"])
+        out += [ConcurrentTiming(busy=int(v["busy_processes"]), step_s=v["concurrent_step_s"],
+                                 cpu_s=v["concurrent_cpu_s"],
+                                 load1=v.get("load1_before", float("nan")))
+                for v in per_rank.values() if "concurrent_step_s" in v]
+    return out
+
+
+def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict) -> FitResult | None:
+    """compute.core_contention and the core-sharing checks, on a CPU host with the runs."""
+    if not runs:
+        return None
+    if not base.compute_cpu_cores_per_node:
+        notes.append("concurrent compute runs left out: the base profile's devices compute "
+                     "on their own (topology.compute_cpu_cores_per_node = 0)")
+        return None
+    timings = concurrent_timings(runs)
+    cores = os.cpu_count() or 1
+    fit = fit_core_contention(timings, cores)
+    checks.update(sharing_checks(timings, cores, fit.value))
+    return fit
+
+
+def failed_checks(checks: dict[str, dict]) -> list[str]:
+    """A loud note for every check with a tolerance it misses."""
+    out = []
+    for name, c in checks.items():
+        tol = c.get("tolerance")
+        if tol is not None and abs(c["rel"]) > tol:
+            load = c.get("load1")
+            out.append(f"{CHECK_FAILED}: {name}: model {c['model']:.4g} vs measured "
+                       f"{c['measured']:.4g} ({c['rel']:+.0%}, tolerance ±{tol:.0%})"
+                       + (f"; 1-minute load {load:.1f} when measured"
+                          if load is not None and math.isfinite(load) else ""))
+    return out
+
+
 def _overlap(runs, cluster: ClusterProfile) -> FitResult:
     """compute.overlap_slowdown s: compute_s ≈ rest + s x overlapped passes x the share of
     them with collectives in flight (module docstring), with the run's strategy defaults."""
@@ -354,7 +423,10 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         n = int(r.row.workers)
         w = load_workload(r.row.workload)
         fraction = 1.0 / n if r.row.kind == "fsdp" else 1.0
-        t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=fraction)
+        # the ranks share the cores as the simulation says, so the overlap slowdown is
+        # what is left beyond core sharing
+        t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=fraction,
+                       busy=min(n, cluster.devices_per_node))
         passes = {"forward": float(t.forward_s.sum()), "backward": float(t.backward_s.sum())}
         # The simulator stretches the overlapped passes only for the share of their time
         # that collectives are in flight (perfmodel/sim/compute.py in_flight_fraction).
@@ -440,10 +512,13 @@ def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str,
         waits = [float(s["comm_wait_s"]) for s in r.table("steps")]
         link = getattr(cluster, cluster.server.link)
         if waits and int(r.row.workers) == 1:        # alone: no queue at the server
+            # the apply as the simulation charges it (perfmodel/sim/ps.py): the workload's
+            # optimizer over the one server's parameters, all of them
             model = (link_transfer_s(link, w.param_bytes)
                      + link_transfer_s(link, w.params * w.precision_spec.grad_bytes)
-                     + w.params * w.precision_spec.grad_bytes / (cluster.server.apply_GBps * 1e9))
-            checks[f"ps_round_trip_s.run{r.row.id}"] = _check(model, float(np.median(waits)))
+                     + optimizer_seconds(cluster, w, 1.0))
+            checks[f"ps_round_trip_s.run{r.row.id}"] = _check(model, float(np.median(waits))) \
+                | {"tolerance": PS_ROUND_TRIP_TOL}
         roles = ps_memory(_scenario(r, no_overhead), 1)
         for m in r.table("memory"):
             role = "server" if m["rank"] == 0 else "worker"

@@ -43,7 +43,7 @@ MEASURABLE_FIELDS = (
     "inter_node.bandwidth_GBps", "inter_node.latency_us", "inter_node.efficiency_by_bytes",
     "compute.efficiency_by_flops", "compute.overhead_us_per_unit", "compute.optimizer_GBps",
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
-    "device.memory_overhead_fraction", "server.apply_GBps",
+    "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
 )
 
 
@@ -59,6 +59,7 @@ class MeasuredFits:
     overlap_slowdown: FitResult | None = None       # proposed field compute.overlap_slowdown
     memory: MemoryFit | None = None
     server_apply_GBps: FitResult | None = None
+    core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +111,8 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
     }
     if fits.overlap_slowdown is not None:
         compute["overlap_slowdown"] = fits.overlap_slowdown.value
+    if base.compute_cpu_cores_per_node:
+        compute["core_contention"] = _value(fits.core_contention, c.core_contention)
     calibration: dict[str, Any] = {
         "base": base.name,
         "measured": measured,
@@ -140,7 +143,10 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         "topology": {"devices_per_node": base.devices_per_node}
                     | ({"comm_cpu_cores_per_node": info.cpu_cores or
                         base.comm_cpu_cores_per_node}
-                       if base.comm_cpu_cores_per_node else {}),
+                       if base.comm_cpu_cores_per_node else {})
+                    | ({"compute_cpu_cores_per_node": info.cpu_cores or
+                        base.compute_cpu_cores_per_node}
+                       if base.compute_cpu_cores_per_node else {}),
         "intra_node": _link(fits.intra_node, base.intra_node),
         "inter_node": _link(fits.inter_node, base.inter_node),
         "server": {"apply_GBps": _value(fits.server_apply_GBps, base.server.apply_GBps),
@@ -164,7 +170,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         measured += ["device.framework_overhead_GiB", "device.memory_overhead_fraction"]
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
-              fits.server_apply_GBps):
+              fits.server_apply_GBps, fits.core_contention):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

@@ -17,8 +17,11 @@ it feeds (calibration/from_store.py):
   run-to-run spread of a repeated configuration), the second once (a second model size, so
   the memory fit can tell a constant from a fraction).
 - ps: the first workload with one worker (no queue at the server): checks of the server round
-  trip and of the PS memory model. No fit uses it: it is the run the calibration checks
-  itself on (calibration/selfcheck.py).
+  trip and of the PS memory model; the server does not evaluate while it runs. No fit uses
+  it: it is the run the calibration checks itself on (calibration/selfcheck.py).
+- cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
+  interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
+  (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
 
 The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
 alternate with the other training runs (ddp 1, ddp mlp, ddp 2, ps, ddp 3) instead of running
@@ -61,6 +64,9 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
 COLLECTIVE_REPEATS = 3
+WARMUP_STEPS = 2                    # of every training run of the suite
+CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
+CORES_REPEATS = 2
 DDP_REPEATS = 3
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
@@ -78,14 +84,16 @@ class SuiteSize:
     steps: int
     ddp_repeats: int
     second_ddp: bool
+    cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
                  collective_repeats=COLLECTIVE_REPEATS, compute_repeats=8,
-                 compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True)
+                 compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
+                 cores_repeats=CORES_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, compute_repeats=5, compute_workloads=2, steps=8,
-                  ddp_repeats=2, second_ddp=False)
+                  ddp_repeats=2, second_ddp=False, cores_repeats=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +103,7 @@ class Measurement:
     config: dict[str, Any]          # config.json, with its calibration marker
     nproc: int                      # processes on this node
     multinode: bool = False         # launched with the torchrun multi-node flags
+    oversubscribe: bool = False     # more processes than cores, on purpose (core sharing)
 
     @property
     def progress_total(self) -> int:
@@ -119,10 +128,11 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     out: list[Measurement] = []
 
     def add(key: str, label: str, config: dict, repeat: int = 1, multinode: bool = False,
-            nproc: int | None = None) -> None:
+            nproc: int | None = None, oversubscribe: bool = False) -> None:
         config = {**config, "calibration": {"suite": suite, "item": key, "repeat": repeat}}
         out.append(Measurement(key=f"{key}-{repeat}", label=label, config=config,
-                               nproc=nproc or processes(config), multinode=multinode))
+                               nproc=nproc or processes(config), multinode=multinode,
+                               oversubscribe=oversubscribe))
 
     sweeps = f"{size.collective_repeats} sweeps of {', '.join(COLLECTIVE_OPS)}"
     if nnodes > 1:       # first, so that every node starts it at once
@@ -146,8 +156,25 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
             n = sum(1 for x, _ in ddp if x == w)
             add(f"ddp-{w}", f"ddp {w}, {ranks} workers" + (f" ({r} of {n})" if n > 1 else ""),
                 _training("ddp", w, ranks, size.steps, {}, common), r)
+    # No evaluation while it runs: measure/runs/ps.py's server evaluates its model every
+    # eval_every versions, by default 8 times a run (every update in a --quick run), and with
+    # one worker each evaluation sits in the round trip the check compares (cnn-small: ~270
+    # ms an evaluation against a ~10 ms round trip: the "-95 %" of issue 14). eval_every
+    # beyond the run's updates leaves only the evaluations before the first and after the
+    # last update, outside every timed round trip.
     add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
-        _training("ps", names[0], 1, size.steps, {"mode": "sync"}, common))
+        _training("ps", names[0], 1, size.steps,
+                  {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common))
+    if kind == "cpu":
+        batch = load_workload(names[0]).batch_size
+        for r in range(1, size.cores_repeats + 1):
+            for busy in CORES_BUSY:
+                add(f"cores-{names[0]}-{busy}",
+                    f"compute {names[0]} in {busy} processes at once "
+                    f"({r} of {size.cores_repeats})",
+                    compute_config(workload=names[0], batch_sizes=[batch],
+                                   repeats=size.compute_repeats, warmup=3, concurrent=busy,
+                                   **common), r, oversubscribe=True)
     return _interleave_training(out, f"ddp-{names[0]}")
 
 
@@ -170,7 +197,8 @@ def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:
 def _training(kind: str, workload: str, workers: int, steps: int, options: dict,
               common: dict) -> dict:
     return training_config(kind, workers=workers, workload=workload, batch_size=None,
-                           steps=steps, warmup_steps=2, speed=None, options=options, **common)
+                           steps=steps, warmup_steps=WARMUP_STEPS, speed=None, options=options,
+                           **common)
 
 
 # ---------------------------------------------------------------- what is stored already

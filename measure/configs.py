@@ -91,9 +91,18 @@ def collectives_config(*, workers: int, ops: list[str], min_bytes: int,
 
 
 def compute_config(*, workload: str, batch_sizes: list[int], repeats: int, warmup: int,
-                   seed: int, timeout_s: float, threads_per_worker: int) -> dict[str, Any]:
-    """Per-unit forward/backward timings of one workload (measure/runs/compute.py)."""
+                   seed: int, timeout_s: float, threads_per_worker: int,
+                   concurrent: int = 0) -> dict[str, Any]:
+    """Per-unit forward/backward timings of one workload (measure/runs/compute.py); with
+    `concurrent` = p > 0, whole steps at batch_sizes[0] timed in p processes at once."""
     check_workload(workload)
+    if concurrent:
+        return {"kind": "compute", "workers": concurrent, "workload": workload,
+                "batch_size": batch_sizes[0], "steps": repeats, "warmup_steps": warmup,
+                "seed": seed, "speed": [],
+                "options": {"compute": {"concurrent": True, "repeats": repeats,
+                                        "warmup": warmup}},
+                "timeout_s": timeout_s, "threads_per_worker": threads_per_worker}
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise PerfmodelError("every batch size must be at least 1")
     return {"kind": "compute", "workers": 1, "workload": workload,
@@ -132,6 +141,8 @@ def progress_total(config: dict[str, Any]) -> int:
         sizes = message_sizes(config.get("min_bytes") or cpu["min_bytes"], hi,
                               config.get("factor") or cpu["factor"])
         return len(config.get("ops") or OPS) * len(sizes)
+    if kind == "compute" and config["options"]["compute"].get("concurrent"):
+        return 1                                    # one summary per rank
     if kind == "compute":
         units = len(load_workload(config["workload"]).units)
         return 2 * units * len(config["options"]["compute"]["batch_sizes"])

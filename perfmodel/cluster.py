@@ -102,6 +102,10 @@ class Compute:
     memory_efficiency: float = 0.0
     launch_us_per_kernel: float = 0.0    # per kernel a workload unit launches
     backward_bytes_ratio: float = 2.0    # backward bytes moved / forward (read grad + saved)
+    # CPU hosts only (topology.compute_cpu_cores_per_node > 0): the slowdown each further
+    # busy core adds to a process's compute (shared memory bandwidth and caches), fitted from
+    # compute timings with 1, 2 and 3 busy processes (calibration/fit_cores.py).
+    core_contention: float = 0.0
 
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
@@ -154,6 +158,10 @@ class ClusterProfile:
     # Cores that drive communication on a node (a CPU backend such as gloo copies and
     # reduces on the host's cores); 0 = the links move data themselves (NVLink, NIC DMA).
     comm_cpu_cores_per_node: int = 0
+    # Cores the node's compute runs on when its "devices" are CPU cores (a CPU host: every
+    # busy process, workers and parameter servers alike, shares them); 0 = each device
+    # computes on its own (GPUs), and compute is never stretched by core sharing.
+    compute_cpu_cores_per_node: int = 0
     # A measured profile's [calibration] residuals and run spread (perfmodel/uncertainty.py);
     # None for spec-derived profiles and calibrations that skipped compute or the network.
     calibration_errors: CalibrationErrors | None = None
@@ -165,6 +173,21 @@ class ClusterProfile:
         per_node = min(workers, self.devices_per_node)
         cores = self.comm_cpu_cores_per_node
         return max(1.0, per_node / cores) if cores else 1.0
+
+    def compute_share(self, busy: float) -> float:
+        """How much slower a process computes while `busy` processes (itself included;
+        fractional for a server busy part of the time) share the node's compute cores.
+
+        Processor sharing: b busy processes on c cores each get min(1, c/b) of a core, so
+        time x max(1, b/c). Contention: each further core in use slows every process by
+        `compute.core_contention` (κ), so x (1 + κ·(min(b, c) − 1)). Together
+        (1 + κ·(min(b, c) − 1)) · max(1, b/c); 1 on a device that computes on its own
+        (compute_cpu_cores_per_node = 0: GPUs) or for one process alone."""
+        cores = self.compute_cpu_cores_per_node
+        if not cores or busy <= 1.0:
+            return 1.0
+        return (1.0 + self.compute.core_contention * (min(busy, cores) - 1.0)) \
+            * max(1.0, busy / cores)
 
     def nodes_for(self, workers: int) -> int:
         return -(-workers // self.devices_per_node)
@@ -228,6 +251,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
         ),
         devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
         comm_cpu_cores_per_node=f.table("topology").integer("comm_cpu_cores_per_node", 0),
+        compute_cpu_cores_per_node=f.table("topology").integer("compute_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),
         compute=Compute(
@@ -240,6 +264,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             memory_efficiency=comp.number("memory_efficiency", 0.0),
             launch_us_per_kernel=comp.number("launch_us_per_kernel", 0.0),
             backward_bytes_ratio=comp.number("backward_bytes_ratio", 2.0, positive=True),
+            core_contention=comp.number("core_contention", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,

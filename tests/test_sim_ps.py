@@ -363,3 +363,12 @@ def test_record_maker_builds_the_same_frozen_records():
         assert type(made) is cls and made == cls(*values) and hash(made) == hash(cls(*values))
         with pytest.raises(dataclasses.FrozenInstanceError):
             made.worker = 0
+
+
+def test_sync_ps_reads_the_version_applied_the_instant_it_wakes():
+    # found by test_records_are_consistent: the barrier's wake-up time is computed as
+    # now + (end - now), one ulp before the apply's end, so step 1 read version 0
+    sc = scenario(1, 3, speed=(0.859375,), jitter="none", cluster=cluster(0.5, 0.6875, 0.5))
+    result = SyncPS(SyncPS.Options(servers=1)).simulate(sc)
+    assert [(u.version_read, u.version_applied) for u in result.updates] == \
+        [(0, 0), (1, 1), (2, 2)]

@@ -13,6 +13,13 @@ timed); its input requires grad except for the first unit, as in training. Backw
 timed on one retained graph with the gradients reset to None before each run, so every run
 allocates its parameter gradients as a training step does. The summary adds the whole
 model's optimizer step time, which a parameter server pays per update.
+
+Concurrent mode (option compute.concurrent, any world size p): every rank times the whole
+model's forward + backward at the run's batch size at the same time, after a barrier, and
+writes its median seconds per step and CPU seconds per step. Runs with p = 1, 2, 3 on one
+host measure compute under core sharing (calibration/fit_cores.py): wall time over the
+1-process time is the slowdown; CPU time per step over the 1-process CPU time is the
+contention alone (time waiting for a core is not CPU time).
 """
 
 from __future__ import annotations
@@ -68,9 +75,12 @@ def noise_warning(what: str, median_s: float, iqr_s: float) -> str | None:
 
 
 def run(ctx: RunContext) -> None:
+    settings = parse_settings(ctx.config, ctx.world_size)
+    if settings.options.get("concurrent"):
+        run_concurrent(ctx, settings)
+        return
     if ctx.world_size != 1:
         raise PerfmodelError(f"a compute profile runs in one process, not {ctx.world_size}")
-    settings = parse_settings(ctx.config, ctx.world_size)
     spec, options = settings.spec, settings.options
     batch_sizes = [int(b) for b in options.get("batch_sizes") or
                    sorted({max(1, settings.batch_size // 2), settings.batch_size,
@@ -129,3 +139,45 @@ def run(ctx: RunContext) -> None:
         batch_size=reference, forward_backward_s=step_s[reference],
         optimizer_step_s=optimizer_s, optimizer_step_iqr_s=optimizer_iqr_s,
         params=sum(p.numel() for p in model.parameters()))
+
+
+def run_concurrent(ctx: RunContext, settings) -> None:
+    """Every rank times whole forward + backward steps at once (module docstring)."""
+    import os
+
+    import torch.distributed as dist
+
+    spec, options = settings.spec, settings.options
+    repeats = int(options.get("repeats", DEFAULT_REPEATS))
+    if repeats < 2:
+        raise PerfmodelError("compute repeats must be at least 2 to give an IQR")
+    model = build_model(spec, settings.seed, ctx.device)
+    generator = torch.Generator().manual_seed(settings.seed + ctx.rank)
+    x, _ = spec.example_batch(settings.batch_size, generator)
+    x = x.to(ctx.device)
+    params = list(model.parameters())
+    cpu: list[float] = []
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        c0 = time.process_time()
+        model(x).float().sum().backward()
+        cpu.append(time.process_time() - c0)
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()                  # start together: the steps overlap
+    load_before = os.getloadavg()[0]
+    walls = time_per_run(step, repeats=repeats, warmup=int(options.get("warmup", DEFAULT_WARMUP)),
+                         min_block_s=float(options.get("min_block_s", 0.05)),
+                         cuda=ctx.device.startswith("cuda"))
+    median_s, iqr_s = median_iqr(walls)
+    cpu_s, _ = median_iqr(cpu[-max(repeats, 1):])
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    ctx.recorder.write(
+        "summary", busy_processes=ctx.world_size, concurrent_step_s=median_s,
+        concurrent_step_iqr_s=iqr_s, concurrent_cpu_s=cpu_s, batch_size=settings.batch_size,
+        host_cores=os.cpu_count() or 1, load1_before=load_before,
+        load1_after=os.getloadavg()[0],
+        warning=noise_warning(f"concurrent step, {ctx.world_size} processes", median_s, iqr_s))

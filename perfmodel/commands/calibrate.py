@@ -142,6 +142,9 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
         click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
         return
     written = driver.fit_and_write(cluster, ids, store, base=choice.base)
+    for note in written.data["calibration"].get("notes") or []:
+        if note.startswith("CHECK FAILED"):     # loud: also in the profile's notes
+            click.echo(f"warning: {note}", err=True)
     out = {"cluster": cluster, "profile": str(written.path),
            "backup": str(written.backup) if written.backup else None,
            "base": choice.base, "base_reason": choice.reason, "hardware": hw.describe(),

@@ -185,23 +185,34 @@ def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters,
               help="Timed repetitions per unit, pass and batch size.")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True,
               help="Untimed repetitions first.")
+@click.option("--concurrent", type=click.IntRange(1), default=None, metavar="P",
+              help="Instead: time whole steps at the first batch size in P processes at once "
+              "(wall and CPU seconds per step: compute under core sharing; P above the "
+              "cores needs --oversubscribe).")
 @run_options
-def compute(workload, batch_sizes, repeats, warmup, seed, timeout_s, threads_per_worker,
-            **kwargs):
+def compute(workload, batch_sizes, repeats, warmup, concurrent, seed, timeout_s,
+            threads_per_worker, **kwargs):
     """Time forward and backward of each unit of a workload at several batch sizes.
 
     One process; median and IQR of the repetitions, with a warning where IQR/median > 10 %.
+    With --concurrent P, P processes each time whole forward + backward steps at the same
+    time; runs with P = 1, 2, 3 feed compute.core_contention (docs/model.md).
 
     \b
     Examples:
       perfmodel measure compute --workload mlp
       perfmodel measure compute --workload cnn-small --batch-sizes 16,32,64 --json
+      perfmodel measure compute --workload cnn-small --concurrent 3 --oversubscribe
     """
-    config = compute_config(workload=workload,
-                            batch_sizes=parse_batch_sizes(batch_sizes, workload),
+    sizes = parse_batch_sizes(batch_sizes, workload)
+    if concurrent and not batch_sizes:
+        from perfmodel.workload import load_workload
+
+        sizes = [load_workload(workload).batch_size]
+    config = compute_config(workload=workload, batch_sizes=sizes,
                             repeats=repeats, warmup=warmup, seed=seed, timeout_s=timeout_s,
-                            threads_per_worker=threads_per_worker)
-    execute(config, 1, progress_total=progress_total(config), **kwargs)
+                            threads_per_worker=threads_per_worker, concurrent=concurrent or 0)
+    execute(config, concurrent or 1, progress_total=progress_total(config), **kwargs)
 
 
 @command.command("ddp")

@@ -59,7 +59,8 @@ def in_flight_fraction(comm_s: float, overlapped_s: float) -> float:
 
 def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
                optimizer_param_fraction: float = 1.0,
-               overlapped: tuple[str, ...] = (), in_flight: float = 1.0) -> UnitTimes:
+               overlapped: tuple[str, ...] = (), in_flight: float = 1.0,
+               busy: float = 1.0) -> UnitTimes:
     """Per-unit forward and backward seconds for `batch_size` samples on one device.
 
     `optimizer_param_fraction` is the share of parameters this worker updates
@@ -68,6 +69,8 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     share `in_flight` of their time (in_flight_fraction) and are stretched by
     1 + (compute.overlap_slowdown - 1) x in_flight: compute runs slower only while NCCL
     kernels share its SMs and HBM (Lee, Phanishayee & Mahajan 2025, arXiv:2507.03114).
+    `busy` processes share the node's compute cores (a CPU host): every pass and the
+    optimizer step are stretched by `cluster.compute_share(busy)` (1 on a GPU).
     """
     key = workload.precision_spec.compute_key
     ratio, bytes_ratio = cluster.compute.backward_flops_ratio, cluster.compute.backward_bytes_ratio
@@ -86,7 +89,9 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
     bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
-    return UnitTimes(fwd, bwd, optimizer_seconds(cluster, workload, optimizer_param_fraction))
+    share = cluster.compute_share(busy)
+    return UnitTimes(share * fwd, share * bwd,
+                     share * optimizer_seconds(cluster, workload, optimizer_param_fraction))
 
 
 def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fraction: float) -> float:

@@ -20,6 +20,10 @@ time (end − start − compute) is split by a counterfactual: comm_exposed_s is
 the worker would have had if every rank had run exactly as fast as it did (communication its
 own compute did not hide); wait_s is the rest, time lost because OTHER ranks were late
 (stragglers, jitter). Synchronous training: every update has staleness 0.
+
+On a CPU host (`topology.compute_cpu_cores_per_node` > 0) the ranks of a node compute at
+once on its cores, so every pass is stretched by `cluster.compute_share(ranks per node)`
+(perfmodel/sim/cores.py); on GPUs the factor is 1.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
 from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
+from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -148,11 +153,17 @@ class DDP:
                                           self.options.allreduce) for nbytes in wire_bytes])
         return buckets, wire_bytes, durations
 
+    @staticmethod
+    def busy(scenario: Scenario) -> int:
+        """Ranks sharing a node's compute cores (a CPU host; no effect on a GPU)."""
+        return min(scenario.workers, scenario.cluster.devices_per_node)
+
     def in_flight(self, scenario: Scenario) -> float:
         """Share of backward during which all-reduces are in flight (compute/in_flight_fraction)."""
         if scenario.workers < 2:
             return 0.0
-        alone = unit_times(scenario.cluster, scenario.workload, scenario.batch_size)
+        alone = unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
+                           busy=self.busy(scenario))
         _, _, durations = self._wire(scenario, alone.backward_s)
         return in_flight_fraction(float(durations.sum()), float(alone.backward_s.sum()))
 
@@ -161,7 +172,7 @@ class DDP:
         # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
         times = unit_times(cluster, scenario.workload, scenario.batch_size,
                            overlapped=("backward",) if n > 1 else (),
-                           in_flight=self.in_flight(scenario))
+                           in_flight=self.in_flight(scenario), busy=self.busy(scenario))
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         buckets, wire_bytes, durations = self._wire(scenario, times.backward_s)
         communicate = n > 1 and bool(buckets)
@@ -211,4 +222,5 @@ class DDP:
                 f"first, {self.options.bucket_cap_MiB:g} MiB cap), {self.options.allreduce} "
                 f"all-reduce over {link.name}")
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
-                         events=env.events, notes=(note,))
+                         events=env.events,
+                         notes=(note, *ranks_note(cluster, min(n, cluster.devices_per_node))))

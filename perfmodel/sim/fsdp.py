@@ -19,6 +19,15 @@ Simplification: all-gathers and reduce-scatters share ONE FIFO link. NCCL runs t
 separate streams that share the network's bandwidth; FIFO keeps the bytes and their order
 and gives the same total, but it cannot overlap an all-gather with a reduce-scatter.
 
+Blocking collectives (`FSDP.blocking`: where the profile's communication is CPU-driven,
+`topology.comm_cpu_cores_per_node` > 0, i.e. gloo on a CPU host): FSDP2 on gloo issues
+each all-gather and reduce-scatter synchronously (measure/runs/fsdp.py times the call and
+waits on it), so the rank stands still until it is done: nothing overlaps compute, no pass
+is stretched by `compute.overlap_slowdown`, and a unit's backward waits for the previous
+unit's reduce-scatter. Prefetch then only orders the all-gathers; it hides nothing.
+On a CPU host every pass is also stretched by `cluster.compute_share(ranks per node)` (core
+sharing, perfmodel/sim/cores.py).
+
 Same vectorised design as `ddp.py`: one SimPy process drives all workers with numpy clocks,
 each collective is a SimPy process on the shared link and starts when the last rank issues it;
 records, the wait_s / comm_exposed_s split and staleness 0 are as documented there.
@@ -34,6 +43,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
+from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -105,6 +115,11 @@ class FSDP:
 
         return {"worker": fsdp_memory(scenario, self.options.variant, self.options.prefetch)}
 
+    @staticmethod
+    def blocking(cluster) -> bool:
+        """Whether collectives block the rank: where communication is CPU-driven (gloo)."""
+        return cluster.comm_cpu_cores_per_node > 0
+
     def in_flight(self, scenario: Scenario) -> float:
         """Share of forward + backward during which all-gathers and reduce-scatters are in
         flight (compute/in_flight_fraction): their seconds over the passes' seconds."""
@@ -115,24 +130,28 @@ class FSDP:
         gathers = sum(allgather_s(cluster, n, u.params * p.compute_bytes) for u in wl.units)
         scatters = sum(reduce_scatter_s(cluster, n, u.params * p.reduce_bytes) for u in wl.units)
         comm_s = (2 if self.options.variant == "full-shard" else 1) * gathers + scatters
-        alone = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n)
+        alone = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
+                           busy=min(n, cluster.devices_per_node))
         return in_flight_fraction(comm_s, float(alone.forward_s.sum() + alone.backward_s.sum()))
 
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
         units = len(wl.units)
+        blocking = self.blocking(cluster)
         # MixedPrecisionPolicy: gathers in param_dtype, reduce-scatters in reduce_dtype.
         param_bytes = [u.params * wl.precision_spec.compute_bytes for u in wl.units]
         grad_bytes = [u.params * wl.precision_spec.reduce_bytes for u in wl.units]
         gather_s = [allgather_s(cluster, n, b) for b in param_bytes]
         scatter_s = [reduce_scatter_s(cluster, n, b) for b in grad_bytes]
-        k = self.options.prefetch
+        k = 0 if blocking else self.options.prefetch   # blocking: a gather waits its turn
         ahead = max(k, 1)                       # all-gathers in flight when a phase begins
         regather = self.options.variant == "full-shard"
         # Compute runs slower while collectives are in flight (compute.overlap_slowdown).
+        # Blocking (gloo) collectives overlap nothing, so they slow nothing either.
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           overlapped=("forward", "backward") if n > 1 else (),
-                           in_flight=self.in_flight(scenario))
+                           overlapped=("forward", "backward") if n > 1 and not blocking
+                           else (), in_flight=self.in_flight(scenario),
+                           busy=min(n, cluster.devices_per_node))
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
@@ -171,6 +190,8 @@ class FSDP:
                     t, ta = t + times.backward_s[u] * slow, ta + times.backward_s[u] * slow
                     net.launch(("scatter", u), "reduce-scatter", grad_bytes[u], scatter_s[u],
                                t, ta)
+                    if blocking:
+                        t, ta = yield from net.wait(("scatter", u), t, ta)
                     if regather and not k and j + 1 < units:
                         gather("backward", order[j + 1], t, ta)
                 for u in order:
@@ -186,7 +207,12 @@ class FSDP:
 
         env.process(training())
         env.run()
-        notes = (f"{self.options.variant}, prefetch {k}: all-gathers and reduce-scatters share "
-                 f"one FIFO link ({link.name}); the optimizer updates 1/{n} of the parameters",)
+        notes = (f"{self.options.variant}, prefetch {self.options.prefetch}: all-gathers and "
+                 f"reduce-scatters share one FIFO link ({link.name}); the optimizer updates "
+                 f"1/{n} of the parameters",)
+        if blocking and n > 1:
+            notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
+                      "none overlaps compute",)
+        notes += ranks_note(cluster, min(n, cluster.devices_per_node))
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)

@@ -45,8 +45,12 @@ Assumptions to know:
 - A server takes gradients in the order their transfers finish; with unequal route latencies
   (colocated: intra- and inter-node senders) that can differ from the order of arrival by
   the latency difference (microseconds).
-- Colocated servers share their node's NIC and their device's memory; the apply is not
-  modelled as slowing the worker it shares the device with.
+- Colocated servers share their node's NIC, their device's memory and its compute: on a
+  GPU the apply and the hosting worker's passes share that one device; on a CPU host
+  (`topology.compute_cpu_cores_per_node` > 0) every worker and server of a node shares its
+  cores. Both are processor sharing with the server's duty cycle (perfmodel/sim/cores.py),
+  found as a fixed point: simulate, measure how busy each side was while the other
+  computed, stretch the compute and the applies, simulate again (`_sharing_stretch`).
 - Delay compensation (DC-ASGD, Zheng et al. 2017) makes the server also compute
   g + λ g⊙g⊙(w_now − w_old) and keep each worker's w_old: unfused elementwise passes (g⊙g,
   w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x
@@ -64,6 +68,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from heapq import heappush
 
+import numpy as np
 import simpy
 from simpy.events import NORMAL, Event
 
@@ -71,7 +76,7 @@ from perfmodel import memory as memory_model
 from perfmodel.cluster import Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
-from perfmodel.sim import psnet
+from perfmodel.sim import cores, psnet
 from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
 from perfmodel.sim.records import (
@@ -84,7 +89,11 @@ from perfmodel.sim.records import (
 )
 from perfmodel.sim.scenario import Scenario
 
+SAME_TIME_REL = 1e-12          # times this close (relative) are one instant (rounding)
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
+SHARING_ROUNDS = 8             # simulations at most to settle the core-sharing fixed point
+SHARING_TOLERANCE = 0.01       # ... stop when no stretch moves by more than this (relative)
+UNDAMPED_ROUNDS = 3            # later rounds are damped (the mean of the old and new stretch)
 
 
 def _check_servers(servers: object) -> None:
@@ -140,8 +149,10 @@ class _ComputeTimes:
     every worker) are drawn in step order, so a pair gets the same draw whatever the event
     order: common random numbers across strategies, bandwidths and options."""
 
-    def __init__(self, noise: StepNoise, nominal_s: float):
-        self.noise, self.nominal_s, self.rows = noise, nominal_s, []
+    def __init__(self, noise: StepNoise, nominal_s: float, stretch=None):
+        self.noise, self.rows = noise, []
+        # per-worker core/device sharing stretch (cores.py), folded into the nominal time
+        self.nominal_s = nominal_s if stretch is None else nominal_s * np.asarray(stretch)
 
     def seconds(self, worker: int, step: int) -> float:
         while step >= len(self.rows):
@@ -166,17 +177,24 @@ class _Server:
         self.finishes: deque[float] = deque()
         self.completed = 0
         self.arrived = 0                # sync-ps: gradients of the current step summed
+        self.spans: list[tuple[float, float]] | None = None   # busy spans, when tracked
 
     def apply(self, arrival_s: float, service_s: float) -> tuple[float, int]:
         """Queue one apply of `service_s` seconds; (its end, the version it is applied to)."""
         end = max(arrival_s, self.busy_until) + service_s
         self.busy_until = end
+        if self.spans is not None:
+            self.spans.append((end - service_s, end))
         version = self.started
         self.started += 1
         self.finishes.append(end)
         return end, version
 
     def applied_by(self, now: float) -> int:
+        # An apply ending at `now` counts: `_fire_at` wakes a waiter at now' + (end - now'),
+        # which rounding can put one ulp before `end` (sync-ps, 1 worker, speed 0.859375:
+        # the step after an apply read the version before it). SAME_TIME_REL absorbs that.
+        now = now + SAME_TIME_REL * now
         while self.finishes and self.finishes[0] <= now:
             self.finishes.popleft()
             self.completed += 1
@@ -211,7 +229,8 @@ class _PSRun:
 
     def __init__(self, scenario: Scenario, servers: int, placement: str | None,
                  dc_passes: float = 0.0, staleness_bound: int | None = None,
-                 service: Callable[[float], float] | None = None):
+                 service: Callable[[float], float] | None = None,
+                 stretch: tuple[list[float], list[float]] | None = None):
         self.env = env = CountingEnvironment()
         wl, cluster = scenario.workload, scenario.cluster
         self.workers, self.steps_each = scenario.workers, scenario.steps
@@ -242,7 +261,18 @@ class _PSRun:
         self.server_names = [f"server{s.index}" for s in self.servers]
         self.service = service          # None: every transfer and apply takes its mean
         nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
-        self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal)
+        # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
+        # stretch) from the previous round of the fixed point, and the spans it measures
+        self.cluster, self.stretch = cluster, stretch
+        worker_stretch, server_stretch = stretch or (None, None)
+        self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
+                                     worker_stretch)
+        self.compute_spans: list[list[tuple[float, float]]] | None = None
+        if stretch is not None:
+            self.compute_spans = [[] for _ in range(scenario.workers)]
+            for server, x in zip(self.servers, server_stretch, strict=True):
+                server.apply_s, server.accumulate_s = x * server.apply_s, x * server.accumulate_s
+                server.spans = []
         self.budget = scenario.workers * scenario.steps     # async/ssp: shared mini-batches
         self.bound = staleness_bound                          # ssp: s; None = unbounded
         self.clock = [0] * scenario.workers                   # completed steps per worker
@@ -252,11 +282,16 @@ class _PSRun:
         self.barrier = env.event()                            # sync-ps: this step's release
         self.released: list[float] = []                       # sync-ps: each server's release
 
-    def run(self, worker, notes: tuple[str, ...]) -> SimResult:
+    def go(self, worker) -> None:
+        """Simulate every worker to the end."""
         for w in range(self.workers):
             self.env.process(worker(w))
         with quiet_gc():
             self.env.run()
+
+    def result(self, notes: tuple[str, ...]) -> SimResult:
+        if self.stretch is not None:
+            notes = (*notes, _sharing_note(self))
         return SimResult(steps=LazyRecords(_step_record, self.step_records),
                          updates=LazyRecords(_update_record, self.update_records),
                          comms=LazyRecords(_comm_record, self.comm_rows),
@@ -350,8 +385,10 @@ class _PSRun:
             if at > pushed[0]:
                 pushed[0] = at
             busy = server.busy_until
-            server.busy_until = ((at if at > busy else busy)      # max(at, busy until)
-                                 + self._service(server.accumulate_s))
+            begin = at if at > busy else busy                   # max(at, busy until)
+            server.busy_until = begin + self._service(server.accumulate_s)
+            if server.spans is not None:
+                server.spans.append((begin, server.busy_until))
             server.arrived += 1
             if server.arrived == self.workers:
                 server.arrived = 0
@@ -385,6 +422,8 @@ class _PSRun:
             t_compute = env.now
             yield env.timeout(self.compute.seconds(w, step))
             t_push = env.now
+            if self.compute_spans is not None:
+                self.compute_spans[w].append((t_compute, t_push))
             pushed, applied = yield self.applying(w)
             self._record(w, step, ready, t_pull, t_compute, t_push, pushed, read, applied)
             self._completed(w)
@@ -399,6 +438,8 @@ class _PSRun:
             t_compute = env.now
             yield env.timeout(self.compute.seconds(w, step))
             t_push = env.now
+            if self.compute_spans is not None:
+                self.compute_spans[w].append((t_compute, t_push))
             barrier, pushed = self.accumulating(w)
             applied = yield barrier
             self._record(w, step, ready, t_pull, t_compute, t_push, pushed[0], read, applied)
@@ -432,6 +473,63 @@ class _PSRun:
         return self.unblock[clock]
 
 
+def _sharing_groups(run: _PSRun) -> list[tuple[list[int], list[int], bool]]:
+    """Who shares compute with whom: (worker indices, server positions, on CPU cores?).
+    A CPU host (compute_cpu_cores_per_node > 0): each node's workers and the servers placed
+    on that node share its cores. A GPU: a colocated server shares its host worker's device.
+    Dedicated servers on their own nodes share nothing with workers."""
+    cluster, layout = run.cluster, run.layout
+    server_pos = {s.index: i for i, s in enumerate(run.servers)}
+    groups = []
+    if cluster.compute_cpu_cores_per_node > 0:
+        for node in range(run.hardware.worker_nodes):
+            workers = [w for w in range(run.workers) if layout.node_of_worker[w] == node]
+            servers = [i for k, i in server_pos.items() if layout.node_of_server[k] == node]
+            groups.append((workers, servers, True))
+    elif run.hardware.placement == "colocated":
+        hosts: dict[int, list[int]] = {}
+        for k, i in server_pos.items():
+            hosts.setdefault(layout.device_of_server[k], []).append(i)
+        groups = [([w], servers, False) for w, servers in sorted(hosts.items())]
+    return groups
+
+
+def _sharing_note(run: _PSRun) -> str:
+    workers, servers = run.stretch
+    where = (f"{run.cluster.compute_cpu_cores_per_node} cores per node"
+             if run.cluster.compute_cpu_cores_per_node else "the host device")
+    return (f"compute shared ({where}; busy processes and server duty cycle as a fixed "
+            f"point): worker compute x{min(workers):.2f}-{max(workers):.2f}, server applies "
+            f"x{min(servers):.2f}-{max(servers):.2f}")
+
+
+def _sharing_stretch(run: _PSRun, first: bool = False
+                     ) -> tuple[list[float], list[float]] | None:
+    """(compute stretch per worker, apply stretch per server position) from the busy spans
+    of a finished `run` (cores.fluid_stretch); `first`: the starting guess before any run (the
+    node's workers all computing, servers idle), or None when nothing shares compute."""
+    groups = _sharing_groups(run)
+    if not groups:
+        return None
+    workers, servers = [1.0] * run.workers, [1.0] * len(run.servers)
+    cluster = run.cluster
+    for ws, ss, on_cores in groups:
+        if first:
+            if on_cores:
+                for w in ws:
+                    workers[w] = cluster.compute_share(len(ws))
+            continue
+        compute = [span for w in ws for span in run.compute_spans[w]]
+        share = cluster.compute_share if on_cores else cores.device_share
+        stretch_w = cores.fluid_stretch(compute, [run.servers[i].spans for i in ss], share)
+        for w in ws:
+            workers[w] = stretch_w
+        for i in ss:     # the server computes beside the workers it overlaps, and the others
+            others = [run.servers[j].spans for j in ss if j != i]
+            servers[i] = cores.fluid_stretch(run.servers[i].spans, [compute, *others], share)
+    return workers, servers
+
+
 class _PSStrategy:
     name = ""
     Options: type = SyncPSOptions
@@ -454,9 +552,34 @@ class _PSStrategy:
                                       shard_params=hw.shard_params,
                                       colocated=hw.placement == "colocated")
 
-    def _run(self, scenario: Scenario, **kw) -> _PSRun:
-        return _PSRun(scenario, self.options.servers, self.options.server_placement,
-                      service=self.service, **kw)
+    def _run(self, scenario: Scenario, worker: str, **kw) -> _PSRun:
+        """Simulate `worker` ("sync" or "async") to the end. Where workers and servers share
+        compute (a CPU host's cores, a GPU hosting a colocated server) the stretch is a fixed
+        point: simulate, measure the busy counts, stretch, simulate again until the stretch
+        moves by less than SHARING_TOLERANCE (at most SHARING_ROUNDS - 1 simulations; after
+        UNDAMPED_ROUNDS the update is damped, since busy counts measured on a few steps can
+        oscillate)."""
+        stretch = None
+        for rounds in range(SHARING_ROUNDS):
+            run = _PSRun(scenario, self.options.servers, self.options.server_placement,
+                         service=self.service, stretch=stretch, **kw)
+            if stretch is None:
+                stretch = _sharing_stretch(run, first=True)
+                if stretch is None:                 # nothing shares compute: one run
+                    run.go(getattr(run, f"{worker}_worker"))
+                    return run
+                continue
+            run.go(getattr(run, f"{worker}_worker"))
+            new = _sharing_stretch(run)
+            moved = max(abs(a / b - 1) for a, b in zip(new[0] + new[1],
+                                                       stretch[0] + stretch[1], strict=True))
+            if moved < SHARING_TOLERANCE:
+                break
+            if rounds >= UNDAMPED_ROUNDS:       # still moving: it oscillates, so damp it
+                new = tuple([(a + b) / 2 for a, b in zip(x, y, strict=True)]
+                            for x, y in zip(new, stretch, strict=True))
+            stretch = new
+        return run
 
     def _placement_note(self, run: _PSRun) -> str:
         hw = run.hardware
@@ -472,8 +595,8 @@ class SyncPS(_PSStrategy):
     Options = SyncPSOptions
 
     def simulate(self, scenario: Scenario) -> SimResult:
-        run = self._run(scenario)
-        return run.run(run.sync_worker, (
+        run = self._run(scenario, "sync")
+        return run.result((
             "sync-ps: every worker does `steps` steps; servers sum gradients as they arrive "
             "and apply the optimizer once per step", self._placement_note(run)))
 
@@ -487,7 +610,7 @@ class AsyncPS(_PSStrategy):
     def simulate(self, scenario: Scenario) -> SimResult:
         opts = self.options
         passes = DC_ASGD_EXTRA_PASSES if opts.delay_compensation else 0.0
-        run = self._run(scenario, dc_passes=passes)
+        run = self._run(scenario, "async", dc_passes=passes)
         notes = ["async-ps: workers share a budget of workers x steps mini-batches",
                  self._placement_note(run)]
         if opts.staleness_aware_lr:
@@ -495,7 +618,7 @@ class AsyncPS(_PSStrategy):
         if opts.delay_compensation:
             notes.append(f"delay compensation (DC-ASGD): each apply charged the optimizer plus "
                          f"{passes:g} elementwise passes over the shard's gradient")
-        return run.run(run.async_worker, tuple(notes))
+        return run.result(tuple(notes))
 
 
 class SSPPS(_PSStrategy):
@@ -506,7 +629,7 @@ class SSPPS(_PSStrategy):
 
     def simulate(self, scenario: Scenario) -> SimResult:
         s = self.options.staleness_bound
-        run = self._run(scenario, staleness_bound=s)
-        return run.run(run.async_worker, (
+        run = self._run(scenario, "async", staleness_bound=s)
+        return run.result((
             f"ssp-ps: staleness bound s = {s}; workers share a budget of workers x steps "
             "mini-batches", self._placement_note(run)))

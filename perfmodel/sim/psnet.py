@@ -13,8 +13,9 @@ Placement (`--server-placement`):
 - dedicated: server k is an extra node with its own NIC and one server device; the hardware
   counts it (throughput per device including servers);
 - colocated: server k runs on a worker's device, round robin over the worker nodes
-  (k mod nodes), sharing that node's NIC and that device's memory (its compute is not
-  modelled as shared: the apply runs beside the worker's passes).
+  (k mod nodes), sharing that node's NIC, that device's memory and its compute (the apply
+  and the worker's passes share the device; on a CPU host the node's cores: ps.py
+  `_sharing_stretch`, cores.py).
 The profile's `server.link` gives the default: inter_node -> dedicated, intra_node (one host,
 e.g. `local`) -> colocated.
 

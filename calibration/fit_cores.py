@@ -1,0 +1,107 @@
+"""Fit compute under core sharing from whole-step timings with 1, 2 and 3 busy processes.
+
+The model (perfmodel/cluster.py `ClusterProfile.compute_share`, docs/model.md "Compute under
+core sharing"): b busy processes on c cores take
+
+    s(b) = (1 + κ·(min(b, c) − 1)) · max(1, b/c)
+
+times as long as one alone: processor sharing (each gets min(1, c/b) of a core) times
+contention κ per further core in use (shared memory bandwidth and caches).
+
+The two factors are measured apart (measure/runs/compute.py, concurrent mode: every rank
+times the same steps at once and records wall and CPU seconds per step):
+
+- κ from CPU time: a process waiting for a core spends no CPU time, so CPU seconds per step
+  over the 1-process CPU seconds is the contention alone, 1 + κ·(min(b, c) − 1). Least
+  squares through the origin in κ over every run with b >= 2; a busy host (other people's
+  work) lengthens wall time but hardly CPU time, which is why CPU time is used.
+- the sharing factor max(1, b/c) is theory, not fitted; `sharing_checks` compares the whole
+  s(b) with the measured wall-time ratios, with the host's load recorded beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from calibration.fit import FitResult, check_measurements, fit_result
+from perfmodel.errors import PerfmodelError
+
+SHARING_CHECK_TOL = 0.15    # |model/measured − 1| of a wall-time ratio above which the
+                            # check is flagged: 2x the ~5 % within-run spread of one-thread
+                            # steps (DESIGN.md) on each of the two timings of the ratio
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConcurrentTiming:
+    """One rank's median wall and CPU seconds per step, with `busy` processes running."""
+
+    busy: int
+    step_s: float
+    cpu_s: float
+    load1: float = float("nan")     # the host's 1-minute load average when it started
+
+
+def _medians(timings: Sequence[ConcurrentTiming]) -> dict[int, tuple[float, float, float]]:
+    """busy -> (median wall s, median CPU s, max load) over ranks and runs."""
+    out = {}
+    for b in sorted({t.busy for t in timings}):
+        group = [t for t in timings if t.busy == b]
+        out[b] = (float(np.median([t.step_s for t in group])),
+                  float(np.median([t.cpu_s for t in group])),
+                  float(np.nanmax([t.load1 for t in group] + [np.nan]))
+                  if any(np.isfinite(t.load1) for t in group) else float("nan"))
+    return out
+
+
+def fit_core_contention(timings: Sequence[ConcurrentTiming], cores: int) -> FitResult:
+    """compute.core_contention κ from CPU seconds per step (module docstring)."""
+    if cores < 1:
+        raise PerfmodelError(f"the host's cores must be >= 1, got {cores}")
+    check_measurements([t.step_s for t in timings], "concurrent step seconds")
+    check_measurements([t.cpu_s for t in timings], "concurrent CPU seconds")
+    med = _medians(timings)
+    if 1 not in med or not any(b >= 2 for b in med):
+        raise PerfmodelError(
+            f"compute.core_contention: need concurrent compute timings with 1 busy process "
+            f"and with >= 2, found {', '.join(map(str, sorted(med))) or 'none'} "
+            f"(`perfmodel calibrate` measures 1, 2 and 3)")
+    cpu1 = med[1][1]
+    xs, ys = [], []
+    for b, (_, cpu, _) in med.items():
+        if b >= 2 and min(b, cores) > 1:
+            xs.append(min(b, cores) - 1.0)
+            ys.append(cpu / cpu1 - 1.0)
+    if not xs:
+        raise PerfmodelError(f"compute.core_contention: with {cores} core(s) no run has two "
+                             f"processes on separate cores; contention cannot be measured")
+    x, y = np.array(xs), np.array(ys)
+    kappa = float((x @ y) / (x @ x))
+    resid = y - kappa * x
+    stderr = float(np.sqrt((resid @ resid) / max(x.size - 1, 1) / (x @ x))) if x.size > 1 \
+        else float("nan")
+    kappa = max(kappa, 0.0)       # a faster process beside a busy core is noise, not physics
+    rel = (1 + kappa * x) / (1 + y) - 1
+    return fit_result("compute.core_contention", kappa, stderr, rel)
+
+
+def sharing_checks(timings: Sequence[ConcurrentTiming], cores: int,
+                   contention: float) -> dict[str, dict[str, float]]:
+    """Model s(b) against the measured wall-time ratio t(b)/t(1), per b >= 2, with the load."""
+    med = _medians(timings)
+    if 1 not in med:
+        return {}
+    wall1 = med[1][0]
+    checks = {}
+    for b, (wall, _, load) in med.items():
+        if b < 2:
+            continue
+        model = (1 + contention * (min(b, cores) - 1)) * max(1.0, b / cores)
+        measured = wall / wall1
+        checks[f"compute_share.busy{b}"] = {"model": model, "measured": measured,
+                                            "rel": model / measured - 1,
+                                            "tolerance": SHARING_CHECK_TOL} \
+            | ({"load1": load} if np.isfinite(load) else {})
+    return checks

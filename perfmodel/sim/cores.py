@@ -1,0 +1,109 @@
+"""Compute under core sharing: how many processes a computing worker shares its cores with.
+
+On a CPU host every busy process — the workers and any parameter server on the node — runs
+on the node's `compute_cpu_cores_per_node` cores, and a worker's compute is stretched by
+`ClusterProfile.compute_share(b)` for b busy processes (processor sharing and contention;
+the formula and its derivation are in perfmodel/cluster.py and docs/model.md "Compute under
+core sharing"). On a GPU a colocated parameter server's apply runs on the device of the
+worker it sits beside, and the two share that one device: one "core", b = 1 + d.
+
+b(t) changes over a worker's compute: the processes computing beside it (1 for itself, plus
+the node's other workers while they compute) plus every sharing server while it applies an
+update. Under processor sharing a process progresses at 1/s(b(t)) of its solo speed, so a
+span of length T does ∫ dt / s(b(t)) of solo work, and the stretch over a set of spans is
+ΣT / Σ∫ dt/s(b(t)) (`fluid_stretch`): exact for processor sharing given when everyone is
+busy, where a stretch from the average b (`mean_busy`) would miss the moments b exceeds the
+cores (3 busy on 2 cores half the time costs 1.2x; an average b of 2.5 would cost 1.25x,
+an average below 2 nothing). A server's duty cycle d — the fraction of the workers' compute
+during which it applies — is what it adds: a server whose applies happen while the workers
+wait (sync-ps at a barrier) has d ≈ 0 and costs them nothing; one applying a gradient of
+one worker while the others compute (async-ps) costs them its share. The PS simulation
+(ps.py) finds the stretch as a fixed point: simulate, measure from the spans below,
+stretch, simulate again.
+
+Pure functions over (start, end) spans; no simpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def busy_integral(starts: np.ndarray, ends: np.ndarray, rate=None):
+    """For spans [starts_i, ends_i], a function of query times t giving ∫_0^t g(n(τ)) dτ,
+    n(τ) the number of spans covering τ and g = `rate` (default g(n) = n: the busy-time
+    integral), evaluated by `np.interp` on its breakpoints (it is piecewise linear)."""
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(starts.size), -np.ones(ends.size)])
+    order = np.argsort(times, kind="stable")
+    times, steps = times[order], steps[order]
+    count = np.cumsum(steps)                         # spans covering (times[i], times[i+1])
+    height = count[:-1] if rate is None else rate(np.round(count[:-1]))
+    area = np.concatenate([[0.0], np.cumsum(height * np.diff(times))])
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        if times.size == 0:
+            return np.zeros_like(t, dtype=float)
+        return np.interp(t, times, area, left=0.0, right=area[-1])
+
+    return integral
+
+
+def overlap_fraction(compute: Sequence[tuple[float, float]],
+                     busy: Sequence[tuple[float, float]]) -> float:
+    """Time-average, over the `compute` spans, of how many `busy` spans cover them:
+    Σ ∫ count / Σ compute time (0 with no compute time)."""
+    c = np.asarray(compute, dtype=float).reshape(-1, 2)
+    total = float((c[:, 1] - c[:, 0]).sum())
+    if total <= 0:
+        return 0.0
+    b = np.asarray(busy, dtype=float).reshape(-1, 2)
+    integral = busy_integral(b[:, 0], b[:, 1])
+    return float((integral(c[:, 1]) - integral(c[:, 0])).sum() / total)
+
+
+def mean_busy(compute: Sequence[tuple[float, float]],
+              servers: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """Busy processes a computing worker sees, time-averaged over `compute` (every worker's
+    compute spans on one node or device): the workers computing (itself included) plus each
+    server's duty cycle during them. 1 for a lone worker with no server at work."""
+    if not len(compute):
+        return 1.0
+    busy = overlap_fraction(compute, compute)
+    return max(1.0, busy + sum(overlap_fraction(compute, s) for s in servers if len(s)))
+
+
+def device_share(busy: float) -> float:
+    """Stretch of work on one device (a GPU) shared by `busy` processes on average:
+    processor sharing on one "core", max(1, b)."""
+    return max(1.0, busy)
+
+
+def ranks_note(cluster, ranks: int) -> tuple[str, ...]:
+    """DDP/FSDP: a note when the node's ranks share its cores (none on GPUs or when they fit)."""
+    share = cluster.compute_share(ranks)
+    if share <= 1.0:
+        return ()
+    return (f"{ranks} ranks share {cluster.compute_cpu_cores_per_node} cores per node: "
+            f"compute x{share:.2f} (core sharing)",)
+
+
+def fluid_stretch(spans: Sequence[tuple[float, float]],
+                  busy: Sequence[Sequence[tuple[float, float]]], share) -> float:
+    """How much longer `spans` (one kind of work, e.g. a node's worker compute) take than
+    the same work alone, when every span in `spans` and in each of `busy` (the others'
+    spans, e.g. servers' applies) is a busy process sharing the node: ΣT / Σ∫ dt/share(n(t)),
+    n(t) the busy processes at t (`spans` included) and `share` the slowdown of n busy
+    processes (`ClusterProfile.compute_share`, or `device_share` on one GPU). >= 1."""
+    s = np.asarray(spans, dtype=float).reshape(-1, 2)
+    total = float((s[:, 1] - s[:, 0]).sum())
+    if total <= 0:
+        return 1.0
+    every = np.concatenate([s, *(np.asarray(b, dtype=float).reshape(-1, 2)
+                                 for b in busy if len(b))])
+    rate = np.vectorize(lambda n: 1.0 / share(max(float(n), 1.0)), otypes=[float])
+    work = busy_integral(every[:, 0], every[:, 1], rate)
+    done = float((work(s[:, 1]) - work(s[:, 0])).sum())
+    return max(1.0, total / done) if done > 0 else 1.0

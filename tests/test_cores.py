@@ -1,0 +1,172 @@
+"""Compute under core sharing (perfmodel/sim/cores.py, ClusterProfile.compute_share) against
+processor-sharing theory and hand calculations.
+
+Theory (Kleinrock 1976, processor sharing; docs/model.md "Compute under core sharing"):
+b busy processes on c cores each get min(1, c/b) of a core, so a computation takes
+max(1, b/c) times as long; a server busy a fraction d of a computation adds d to b, so c
+computing workers beside it take (c + d)/c = 1 + d/c as long. Contention κ multiplies by
+1 + κ·(min(b, c) − 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfmodel.sim import cores
+from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
+from perfmodel.sim.compute import unit_times
+from perfmodel.sim.ddp import DDP
+from perfmodel.sim.fsdp import FSDP
+from perfmodel.sim.ps import AsyncPS, SyncPS
+from perfmodel.sim.scenario import Scenario
+from tests.factories import make_cluster, make_workload
+
+EXACT_TOL = 1e-9
+WORKLOAD = make_workload()
+
+
+def cpu_host(cores_: int = 2, contention: float = 0.0, **changes):
+    base = make_cluster("local")
+    return make_cluster("local", compute_cpu_cores_per_node=cores_,
+                        compute=dataclasses.replace(base.compute, core_contention=contention),
+                        **changes)
+
+
+# -- the sharing factor ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("busy, c, expected", [
+    (1, 2, 1.0), (2, 2, 1.0), (3, 2, 1.5), (4, 2, 2.0), (8, 2, 4.0), (5, 4, 1.25), (1, 1, 1.0)])
+def test_processor_sharing_without_contention_is_max_one_p_over_c(busy, c, expected):
+    assert cpu_host(c).compute_share(busy) == pytest.approx(expected, rel=EXACT_TOL)
+
+
+@pytest.mark.parametrize("d", [0.0, 0.25, 0.5, 1.0])
+def test_a_server_busy_d_of_the_time_beside_c_workers_costs_one_plus_d_over_c(d):
+    for c in (1, 2, 4):
+        assert cpu_host(c).compute_share(c + d) == pytest.approx(1 + d / c, rel=EXACT_TOL)
+
+
+def test_contention_scales_every_busy_core_after_the_first():
+    k = 0.2
+    host = cpu_host(2, k)
+    assert host.compute_share(1) == 1.0
+    assert host.compute_share(2) == pytest.approx(1 + k, rel=EXACT_TOL)
+    assert host.compute_share(3) == pytest.approx((1 + k) * 1.5, rel=EXACT_TOL)
+    assert host.compute_share(1.5) == pytest.approx(1 + 0.5 * k, rel=EXACT_TOL)
+
+
+def test_gpu_profiles_never_share_compute():
+    for name in ("a100", "a10g", "h100"):
+        gpu = make_cluster(name)
+        assert gpu.compute_cpu_cores_per_node == 0
+        assert gpu.compute_share(64) == 1.0
+
+
+def test_shipped_local_profile_shares_its_two_cores():
+    local = make_cluster("local")
+    assert local.compute_cpu_cores_per_node == 2
+    assert local.compute_share(4) == pytest.approx(2.0 * (1 + local.compute.core_contention))
+
+
+# -- busy counts from spans ------------------------------------------------------------------
+
+def test_overlap_fraction_by_hand():
+    # compute [0, 10]; busy [2, 4] and [8, 12]: 2 + 2 = 4 of 10 seconds
+    assert cores.overlap_fraction([(0, 10)], [(2, 4), (8, 12)]) == pytest.approx(0.4)
+    # two computes [0, 10], [5, 15]: each sees the other half the time -> 1.5 on average
+    spans = [(0, 10), (5, 15)]
+    assert cores.overlap_fraction(spans, spans) == pytest.approx(1.5)
+    assert cores.mean_busy(spans, [[(0, 20)]]) == pytest.approx(2.5)
+    assert cores.mean_busy([], [[(0, 1)]]) == 1.0
+
+
+def test_fluid_stretch_is_processor_sharing_given_who_is_busy():
+    two = cpu_host(2)
+    # two workers compute [0, 10] while a server applies [0, 5]: 3 busy on 2 cores for half
+    # the time (rate 2/3), 2 busy the rest (rate 1): work 5·2/3 + 5 = 8.33 in 10 s -> 1.2
+    compute = [(0, 10), (0, 10)]
+    assert cores.fluid_stretch(compute, [[(0, 5)]], two.compute_share) == pytest.approx(1.2)
+    # the average-b shortcut would say 1.25 (b = 2.5): Jensen; the fluid one is exact
+    assert two.compute_share(cores.mean_busy(compute, [[(0, 5)]])) == pytest.approx(1.25)
+    # one core, two processes always busy together: each takes twice as long
+    assert cores.fluid_stretch([(0, 4)], [[(0, 4)]], cpu_host(1).compute_share) == \
+        pytest.approx(2.0)
+    # a GPU shared with a colocated apply for 2 of the worker's 8 s: work 6 + 2/2 = 7 -> 8/7
+    assert cores.fluid_stretch([(0, 8)], [[(0, 2)]], cores.device_share) == \
+        pytest.approx(8 / (6 + 1))
+    assert cores.fluid_stretch([], [[(0, 1)]], two.compute_share) == 1.0
+
+
+# -- the strategies --------------------------------------------------------------------------
+
+def _compute_s(result, warmup=2) -> float:
+    return float(np.mean([s.compute_s for s in result.steps if s.step >= warmup]))
+
+
+def test_ddp_four_ranks_on_two_cores_compute_twice_as_long_as_two():
+    host = cpu_host(2)
+    runs = {n: DDP().simulate(Scenario(cluster=host, workload=WORKLOAD, workers=n,
+                                       batch_size=32, jitter="none")) for n in (2, 4)}
+    assert _compute_s(runs[4]) / _compute_s(runs[2]) == pytest.approx(2.0, rel=EXACT_TOL)
+
+
+def test_one_ps_worker_never_computes_while_its_server_applies():
+    # 1 worker: the server applies only while the worker waits for it, so its duty cycle
+    # during compute is 0 and the worker computes at full speed even on one core
+    host = cpu_host(1, server=dataclasses.replace(make_cluster("local").server,
+                                                  link="intra_node"))
+    sc = Scenario(cluster=host, workload=WORKLOAD, workers=1, batch_size=32, jitter="none")
+    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    for strategy in (AsyncPS(), SyncPS()):
+        assert _compute_s(strategy.simulate(sc)) == pytest.approx(nominal, rel=EXACT_TOL)
+
+
+def test_async_ps_compute_stretch_stays_within_processor_sharing_bounds():
+    # 2 workers + a colocated server on c cores: b lies in [1, 3], so the stretch lies in
+    # [1, max(1, 3/c)]; fewer cores never raise throughput
+    thr = {}
+    for c in (1, 2, 3):
+        host = cpu_host(c)
+        sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32,
+                      jitter="none")
+        nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+        res = AsyncPS().simulate(sc)
+        stretch = _compute_s(res) / nominal
+        assert 1.0 - 1e-9 <= stretch <= max(1.0, 3 / c) + 1e-9, (c, stretch)
+        done = [s for s in res.steps if s.step >= 2]
+        thr[c] = len(done) / (max(s.end_s for s in done) - min(s.start_s for s in done))
+    assert thr[1] <= thr[2] * 1.001 <= thr[3] * 1.002
+
+
+def test_gpu_colocated_server_slows_only_the_worker_whose_device_it_shares():
+    gpu = make_cluster("a100")
+    sc = Scenario(cluster=gpu, workload=WORKLOAD, workers=4, batch_size=32, jitter="none")
+    colocated = AsyncPS(AsyncPS.Options(server_placement="colocated")).simulate(sc)
+    dedicated = AsyncPS(AsyncPS.Options(server_placement="dedicated")).simulate(sc)
+    per_worker = {w: np.mean([s.compute_s for s in colocated.steps if s.worker == w])
+                  for w in range(4)}
+    nominal = unit_times(gpu, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    assert per_worker[0] > nominal * (1 + 1e-6)             # the host shares its device
+    for w in (1, 2, 3):
+        assert per_worker[w] == pytest.approx(nominal, rel=EXACT_TOL)
+    assert _compute_s(dedicated) == pytest.approx(nominal, rel=EXACT_TOL)
+
+
+def test_fsdp_on_gloo_blocks_so_step_is_compute_plus_every_collective():
+    # CPU-driven communication: every all-gather and reduce-scatter stands the rank still,
+    # so one step = all compute + every collective, nothing hidden
+    host = cpu_host(2)
+    n = 2
+    sc = Scenario(cluster=host, workload=WORKLOAD, workers=n, batch_size=32, jitter="none")
+    res = FSDP().simulate(sc)
+    t = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=1 / n, busy=n)
+    comm = sum(2 * allgather_s(host, n, u.params * 4) + reduce_scatter_s(host, n, u.params * 4)
+               for u in WORKLOAD.units)
+    steps = [s.end_s - s.start_s for s in res.steps if s.step >= 2]
+    assert np.mean(steps) == pytest.approx(t.step_s + comm, rel=1e-9)
+    gpu = FSDP().simulate(dataclasses.replace(sc, cluster=make_cluster(
+        "local", comm_cpu_cores_per_node=0)))
+    assert np.mean([s.end_s - s.start_s for s in gpu.steps if s.step >= 2]) < np.mean(steps)
