@@ -183,6 +183,8 @@ def fit_and_write(cls, fitted: dict[str, Any], plan: dict[str, Any], check):
             "fitted_profiles": list(plan["profiles"]["fitted"]),
             "held_out_profiles": list(plan["profiles"]["held_out"]),
             "stability_rule": "calibration/fit_accuracy.py accuracy_unstable (plan v2)",
+            "noise_scale": "measure/noise_scale.py every 20 updates of the synchronous runs, "
+                           "16 batches of 16",
             "plan": rel(PLAN_FILE), "runs_file": rel(fitted_path(cls.name)),
             "held_out_runs_file": rel(held_out_path(cls.name))}
     text = model_toml(workload=cls.workload, data_set=cls.data_set,

@@ -115,3 +115,20 @@ def test_no_verdict_before_every_run_nor_a_pass_without_a_stable_group(plan):
     assert not verdict([_row(True, 4.0), _row(True, 3.5)], rules, 30, 30)["passed"]
     assert not verdict([_row(True, 1.0), _row(False, 1.0, right=False)] * 5, rules, 30,
                        30)["passed"]
+
+
+def test_committed_v2_check_has_every_group_of_every_class(plan):
+    from calibration.accuracy_check_v2 import CHECK_FILE
+
+    data = tomllib.loads(CHECK_FILE.read_text())
+    names = [c["name"] for c in plan["classes"]]
+    assert data["classes_run"] + data["classes_not_run"] == names
+    groups = len(plan["profiles"]["held_out"]) * len(plan["profiles"]["mitigations"])
+    for name in data["classes_run"]:
+        summary = data["classes"][name]
+        assert summary["groups"] == len(summary["held_out"]) == groups
+        assert summary["runs_recorded"] <= summary["runs_planned"]
+        assert summary["passed"] is False or summary["complete"]
+        for row in summary["held_out"]:
+            assert row["result"] in ("pass", "miss")
+            assert row["seeds"] == len(plan["seeds"]["held_out"]) or not summary["complete"]
