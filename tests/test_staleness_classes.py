@@ -15,8 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from calibration.fit_accuracy_classes import load_plan, planned_keys  # noqa: E402
-from calibration.fit_accuracy_classes import REPO  # noqa: E402
+from calibration.fit_accuracy_classes import REPO, load_plan, planned_keys  # noqa: E402
 from measure.staleness_classes import CLASSES, pointer_labels  # noqa: E402
 from measure.staleness_harness import HarnessConfig, plain_sgd, run_harness  # noqa: E402
 
