@@ -325,6 +325,52 @@ def unstable(run: dict[str, Any]) -> bool:
                 or np.max(np.maximum.accumulate(acc) - acc) >= DRAWDOWN)
 
 
+def accuracy_unstable(run: dict[str, Any]) -> bool:
+    """Unstable as the accuracy model means it (accuracy_plan_v2.toml's rule): diverged
+    (non-finite loss), oscillating (test accuracy DRAWDOWN below its best so far), or a test
+    loss blown up (LOSS_BLOWUP x the initial) in a run that did not learn (accuracy at the
+    budget less than DRAWDOWN above the initial). `unstable` counts every loss blow-up; but
+    the model predicts accuracy, and a linear model whose weights grow under staleness blows
+    up its test loss (over-confident on the few points it gets wrong) while its argmax, and
+    so its accuracy, stays put: logreg-tabular's fitted runs at 16-64 workers kept 93-98 %
+    with the loss 2-13 x the initial. For the mlp and the cnn every fitted run the old rule
+    calls unstable this one does too."""
+    acc = np.asarray(run["accuracy"], dtype=float)
+    loss = np.array([np.inf if v is None else v for v in run["loss"]])
+    if run["diverged"] or np.max(np.maximum.accumulate(acc) - acc) >= DRAWDOWN:
+        return True
+    return bool(np.max(loss) > LOSS_BLOWUP * loss[0] and acc[-1] < acc[0] + DRAWDOWN)
+
+
+def straggler_mix(workers: int, slow_workers: int, slow_speed: float) -> tuple[float, ...]:
+    """Speeds of `workers` workers, the last `slow_workers` of them at `slow_speed`."""
+    if workers < 1 or not 0 <= slow_workers <= workers or not 0 < slow_speed <= 1:
+        raise PerfmodelError(f"a straggler mix needs 1 <= workers, 0 <= slow_workers <= "
+                             f"workers and 0 < slow_speed <= 1; got {workers}, "
+                             f"{slow_workers}, {slow_speed}")
+    return (1.0,) * (workers - slow_workers) + (float(slow_speed),) * slow_workers
+
+
+def simulated_profile(workers: int, slow_workers: int = 0, slow_speed: float = 1.0
+                      ) -> dict[str, Any]:
+    """One async-ps staleness profile from the simulator, built as simulated_profiles builds
+    v1's (SIM_CLUSTER, SIM_WORKLOAD, SIM_BATCH, SIM_STEPS steps per worker, SIM_SEED), for
+    any worker count and straggler mix: {workers, speeds, tau: [[value, count], ...]}."""
+    from perfmodel.cluster import load_cluster
+    from perfmodel.predict import predict
+    from perfmodel.sim.scenario import Scenario
+    from perfmodel.workload import load_workload
+
+    speeds = straggler_mix(workers, slow_workers, slow_speed)
+    scenario = Scenario(cluster=load_cluster(SIM_CLUSTER), workload=load_workload(SIM_WORKLOAD),
+                        workers=workers, batch_size=SIM_BATCH, steps=SIM_STEPS,
+                        speed=() if slow_workers == 0 else speeds, seed=SIM_SEED)
+    taus = np.array(predict("async-ps", scenario).summary.staleness_values)
+    values, counts = np.unique(taus, return_counts=True)
+    return {"workers": workers, "speeds": list(speeds),
+            "tau": [[int(v), int(c)] for v, c in zip(values, counts, strict=True)]}
+
+
 def fit_worth(runs: list[dict[str, Any]], curve: LearningCurve, profiles: dict[str, Any],
               lr: float, mitigation: str) -> tuple[float, float, float]:
     """(β, rate exponent κ, RMS residual at the budget): least squares of

@@ -129,7 +129,7 @@ def run_one(cls, task, key: Key, profiles: dict[str, Any]) -> dict[str, Any]:
 
 def record_runs(cls, keys: list[Key], path: Path, profiles: dict[str, Any], task=None,
                 seed_runs: list[dict[str, Any]] | None = None, noise_seeds=(),
-                progress=print) -> dict[str, Any]:
+                progress=print, plan_file: Path = PLAN_FILE) -> dict[str, Any]:
     """Run every key missing from `path` (saving after each), then the noise scale."""
     import torch
 
@@ -144,7 +144,7 @@ def record_runs(cls, keys: list[Key], path: Path, profiles: dict[str, Any], task
     for i, key in enumerate(todo):
         run = run_one(cls, task, key, data["profiles"])
         data["runs"].append(run)
-        data["provenance"] = provenance(cls, len(data["runs"]))
+        data["provenance"] = provenance(cls, len(data["runs"]), plan_file)
         write_json(path, data)
         progress(f"{cls.name} [{i + 1}/{len(todo)}] {key[0]} {key[1]} seed {key[2]}: "
                  f"accuracy {run['accuracy'][-1]:.3f} in {run['wall_s']:.1f} s")
@@ -163,14 +163,14 @@ def record_runs(cls, keys: list[Key], path: Path, profiles: dict[str, Any], task
     return data
 
 
-def provenance(cls, runs: int) -> dict[str, Any]:
+def provenance(cls, runs: int, plan_file: Path = PLAN_FILE) -> dict[str, Any]:
     import torch
 
     return {"date": now(), "command": COMMAND, "class": cls.name,
             "torch_version": torch.__version__, "python_version": platform.python_version(),
             "threads": 1, "runs": runs, "optimizer": cls.optimizer, "lr": cls.lr,
             "warmup_updates": cls.warmup_updates, "budget_updates": cls.budget_updates,
-            "eval_every": cls.eval_every, "plan": "perfmodel/data/heldout/accuracy_plan.toml"}
+            "eval_every": cls.eval_every, "plan": rel(plan_file)}
 
 
 def now() -> str:
@@ -197,8 +197,9 @@ def mlp_seed_runs(keys: list[Key]) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 
 def fit_setting(data: dict[str, Any], fitted: set[str], optimizer: str, lr: float,
-                updates: int) -> dict[str, Any]:
-    """calibration/fit_accuracy.py's fit of one setting, on the sync and `fitted` runs."""
+                updates: int, is_unstable=unstable) -> dict[str, Any]:
+    """calibration/fit_accuracy.py's fit of one setting, on the sync and `fitted` runs;
+    `is_unstable` is the plan's stability rule (v1: unstable; v2: accuracy_unstable)."""
     runs, profiles = data["runs"], data["profiles"]
     sync = [r for r in runs if r["profile"] == "sync"]
     if len(sync) < 2:
@@ -206,13 +207,13 @@ def fit_setting(data: dict[str, Any], fitted: set[str], optimizer: str, lr: floa
     curve = fit_curve(sync)
     momentum = OPTIMIZER_MOMENTUM[optimizer]
     fitting = [r for r in runs if r["profile"] in fitted]
-    points = [(instability(np.zeros(1), lr, momentum, "none"), unstable(r)) for r in sync]
+    points = [(instability(np.zeros(1), lr, momentum, "none"), is_unstable(r)) for r in sync]
     beta, residuals, kappa = {}, [], 1.0
     for mitigation in MITIGATIONS:
         mine = [r for r in fitting if r["mitigation"] == mitigation]
         points += [(instability(profile_values(profiles[r["profile"]]), lr, momentum,
-                                mitigation), unstable(r)) for r in mine]
-        stable = [r for r in mine if not unstable(r)]
+                                mitigation), is_unstable(r)) for r in mine]
+        stable = [r for r in mine if not is_unstable(r)]
         beta[mitigation], k, rms = fit_worth(stable, curve, profiles, lr, mitigation)
         kappa = k if mitigation == "staleness-aware" and stable else kappa
         residuals += [rms] * len(stable)
@@ -232,7 +233,8 @@ def fit_setting(data: dict[str, Any], fitted: set[str], optimizer: str, lr: floa
 
 
 def held_out_rows(data: dict[str, Any], model: AccuracyModel, optimizer: str, lr: float,
-                  updates: int, held_out: list[str]) -> list[dict[str, Any]]:
+                  updates: int, held_out: list[str], is_unstable=unstable
+                  ) -> list[dict[str, Any]]:
     """Every (held-out profile, mitigation) group: predicted against observed, by the plan."""
     runs = data["runs"]
     sync = float(np.mean([observed(r, updates) for r in runs if r["profile"] == "sync"]))
@@ -247,7 +249,7 @@ def held_out_rows(data: dict[str, Any], model: AccuracyModel, optimizer: str, lr
                               updates=updates, optimizer=optimizer, lr=lr, model=model)
         seen = [observed(r, updates) for r in mine]
         predicted_unstable = cost.divergence_risk == "unstable"
-        observed_unstable = 2 * sum(unstable(r) for r in mine) >= len(mine)
+        observed_unstable = 2 * sum(is_unstable(r) for r in mine) >= len(mine)
         error = cost.penalty_points - 100.0 * (sync - np.mean(seen))
         rows.append({
             "profile": profile, "mitigation": mitigation, "seeds": len(mine),
@@ -255,6 +257,8 @@ def held_out_rows(data: dict[str, Any], model: AccuracyModel, optimizer: str, lr
             "predicted_penalty_points": cost.penalty_points,
             "observed_penalty_points": float(100.0 * (sync - np.mean(seen))),
             "seed_sd_points": float(100.0 * np.std(seen, ddof=1)) if len(seen) > 1 else 0.0,
+            "instability": cost.instability, "threshold": cost.divergence_threshold,
+            "risk": cost.divergence_risk, "unstable_seeds": int(sum(map(is_unstable, mine))),
             "abs_error_points": float(abs(error)),
             "predicted_unstable": predicted_unstable, "observed_unstable": observed_unstable,
             "stable_group": not (predicted_unstable or observed_unstable),

@@ -11,6 +11,9 @@ download: scikit-learn's bundled sets and a generated task):
 - transformer-seq: a 2-layer pre-norm transformer (d 32, 2 heads, feed-forward 4d, learned
   positions, final LayerNorm, mean-pooled, linear head) on the sum mod 10 of 8 random digits
   (TRANSFORMER_TRAIN training and TRANSFORMER_TEST test sequences from a fixed generator);
+- transformer-pointer (accuracy_plan_v2.toml's replacement for transformer-seq, which learned
+  nothing within its budget): the same transformer and the same generated sequences, labelled
+  by a pointer: the digit at position 1 + (first digit mod 7), so attention must find it;
 - logreg-tabular: logistic regression (a linear layer to 2 logits, cross-entropy) on
   scikit-learn's breast-cancer set (569 x 30), a fixed 80/20 split, standardised with the
   training split's mean and SD.
@@ -35,6 +38,9 @@ SEQ_SEED = 16                   # the generated sequence task's fixed generator
 SEQ_LENGTH, SEQ_DIGITS = 8, 10
 TRANSFORMER_TRAIN, TRANSFORMER_TEST = 8192, 1024
 BATCH_SIZE = 64                 # one worker's batch, as the mlp fit
+# transformer-pointer's rate and budget, chosen from synchronous runs alone
+# (accuracy_plan_v2.toml [[classes]] says how)
+POINTER_LR, POINTER_BUDGET = 3e-3, 800
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +136,21 @@ def transformer_seq_task() -> Task:
                 y_train=y[:n], x_test=x[n:], y_test=y[n:], classes=SEQ_DIGITS)
 
 
+def pointer_labels(x: torch.Tensor) -> torch.Tensor:
+    """The digit at position 1 + (first digit mod (length - 1)) of every sequence."""
+    return x[torch.arange(len(x)), 1 + x[:, 0] % (SEQ_LENGTH - 1)]
+
+
+@cache
+def transformer_pointer_task() -> Task:
+    seq = transformer_seq_task()
+    x = torch.cat([seq.x_train, seq.x_test])
+    y = pointer_labels(x)
+    n = TRANSFORMER_TRAIN
+    return Task(name="transformer-pointer", make_model=SeqTransformer, x_train=x[:n],
+                y_train=y[:n], x_test=x[n:], y_test=y[n:], classes=SEQ_DIGITS)
+
+
 # ---------------------------------------------------------------- logreg-tabular
 
 
@@ -152,10 +173,10 @@ def logreg_tabular_task() -> Task:
 
 
 TASKS = {"cnn-digits": cnn_digits_task, "transformer-seq": transformer_seq_task,
-         "logreg-tabular": logreg_tabular_task}
+         "logreg-tabular": logreg_tabular_task, "transformer-pointer": transformer_pointer_task}
 
-# As perfmodel/data/heldout/accuracy_plan.toml [[classes]] (tests/test_staleness_classes.py
-# checks that they agree).
+# As perfmodel/data/heldout/accuracy_plan.toml and accuracy_plan_v2.toml [[classes]]
+# (tests/test_staleness_classes.py checks that they agree).
 CLASSES = {c.name: c for c in (
     WorkloadClass(name="mlp-digits", description="mlp (4 x 1024 ReLU) on scikit-learn digits",
                   optimizer="momentum", lr=0.05, warmup_updates=0, budget_updates=200,
@@ -171,7 +192,13 @@ CLASSES = {c.name: c for c in (
     WorkloadClass(name="logreg-tabular", description="logistic regression on scikit-learn's "
                   "breast-cancer set", optimizer="momentum", lr=0.1, warmup_updates=10,
                   budget_updates=150, eval_every=10, workload="logreg-tabular",
-                  data_set="breast-cancer (scikit-learn)"))}
+                  data_set="breast-cancer (scikit-learn)"),
+    WorkloadClass(name="transformer-pointer", description="2-layer pre-norm transformer, d 32, "
+                  "2 heads, on the digit at position 1 + (first mod 7) of 8 generated digits",
+                  optimizer="adam", lr=POINTER_LR, warmup_updates=20,
+                  budget_updates=POINTER_BUDGET, eval_every=50,
+                  workload="transformer-pointer",
+                  data_set="pointer into 8 digits (generated)"))}
 
 
 def workload_class(name: str) -> WorkloadClass:

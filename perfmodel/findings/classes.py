@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from calibration.fit_accuracy import curve_points, observed, unstable
+from calibration.fit_accuracy import accuracy_unstable, curve_points, observed
 from perfmodel.accuracy.model import ACCURACY_DIR, Setting, load_accuracy_model
 from perfmodel.accuracy.penalty import ObservedPenalty, observed_penalties, study_penalty
 from perfmodel.findings.common import ASYNC_WORKERS, STUDY, scenario
@@ -92,7 +92,9 @@ def _runs(files: Iterable[str]) -> list[dict]:
 
 def _observed(runs: list[dict], setting: Setting, mitigation: str, n: int,
               r: float) -> tuple[ObservedPenalty | None, bool]:
-    """Both penalties from the homo-n runs of `setting`, and whether they were unstable."""
+    """Both penalties from the homo-n runs of `setting`, and whether they were unstable (by
+    fit_accuracy.accuracy_unstable, the rule the class models are fitted under since
+    accuracy_plan_v2.toml)."""
     mine = [x for x in runs if x["optimizer"] == setting.optimizer
             and math.isclose(x["lr"], setting.lr) and x["updates"] == setting.budget_updates]
     sync = [x for x in mine if x["profile"] == "sync"]
@@ -103,7 +105,7 @@ def _observed(runs: list[dict], setting: Setting, mitigation: str, n: int,
     acc = np.mean([curve_points(x)[1] for x in sync], axis=0)
     obs = observed_penalties(u, acc, [observed(x, setting.budget_updates) for x in stale],
                              budget_updates=setting.budget_updates, throughput_ratio=r)
-    return obs, 2 * sum(unstable(x) for x in stale) >= len(stale)
+    return obs, 2 * sum(accuracy_unstable(x) for x in stale) >= len(stale)
 
 
 def _csv_rows(points: tuple[ClassPenalty, ...]) -> Iterable[CsvRow]:
