@@ -144,7 +144,7 @@ class DDP:
         cluster, n = scenario.cluster, scenario.workers
         times = unit_times(cluster, scenario.workload, scenario.batch_size,
                            overlapped=("backward",) if n > 1 else (),
-                           busy=min(n, cluster.devices_per_node))   # ranks sharing a node
+                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         buckets = gradient_buckets(scenario.workload, times.backward_s,
                                    self.options.bucket_cap_MiB, self.options.first_bucket_MiB)
@@ -203,4 +203,5 @@ class DDP:
                 f"all-reduce over {link.name}")
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events,
-                         notes=(note, *ranks_note(cluster, min(n, cluster.devices_per_node))))
+                         notes=(note, *ranks_note(cluster, cluster.ranks_busy(
+                             min(n, cluster.devices_per_node)))))

@@ -126,7 +126,7 @@ class FSDP:
         blocking = self.blocking(cluster)
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
                            overlapped=("forward", "backward") if n > 1 and not blocking
-                           else (), busy=min(n, cluster.devices_per_node))
+                           else (), busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
         # MixedPrecisionPolicy: gathers in param_dtype, reduce-scatters in reduce_dtype.
         param_bytes = [u.params * wl.precision_spec.compute_bytes for u in wl.units]
         grad_bytes = [u.params * wl.precision_spec.reduce_bytes for u in wl.units]
@@ -196,6 +196,6 @@ class FSDP:
         if blocking and n > 1:
             notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
                       "none overlaps compute",)
-        notes += ranks_note(cluster, min(n, cluster.devices_per_node))
+        notes += ranks_note(cluster, cluster.ranks_busy(min(n, cluster.devices_per_node)))
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)

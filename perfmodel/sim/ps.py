@@ -531,13 +531,16 @@ def _sharing_stretch(run: _PSRun, first: bool = False
         if first:
             if on_cores:
                 for w in ws:
-                    workers[w] = cluster.compute_share(len(ws))
+                    workers[w] = cluster.compute_share(cluster.ranks_busy(len(ws)))
             continue
         compute = [span for w in ws for span in run.compute_spans[w]]
         share = cluster.compute_share if on_cores else cores.device_share
         copies = [run.copy_spans[node]] if copying else []
         applies = [run.servers[i].spans for i in ss]
-        stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
+        if cluster.compute_occupies_cores:
+            stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
+        else:                       # a timed wait: sleeps, shares nothing, is not slowed
+            compute, stretch_w = [], 1.0
         for w in ws:
             workers[w] = stretch_w
         for i in ss:     # the server computes beside the workers it overlaps, and the others
