@@ -104,6 +104,9 @@ class Measurement:
     nproc: int                      # processes on this node
     multinode: bool = False         # launched with the torchrun multi-node flags
     oversubscribe: bool = False     # more processes than cores, on purpose (core sharing)
+    # Set A may lack it (stores calibrated before it joined the suite): `perfmodel compare`
+    # then fits without it, keeping the base profile's value; `calibrate` still measures it.
+    optional: bool = False
 
     @property
     def progress_total(self) -> int:
@@ -128,11 +131,12 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     out: list[Measurement] = []
 
     def add(key: str, label: str, config: dict, repeat: int = 1, multinode: bool = False,
-            nproc: int | None = None, oversubscribe: bool = False) -> None:
+            nproc: int | None = None, oversubscribe: bool = False,
+            optional: bool = False) -> None:
         config = {**config, "calibration": {"suite": suite, "item": key, "repeat": repeat}}
         out.append(Measurement(key=f"{key}-{repeat}", label=label, config=config,
                                nproc=nproc or processes(config), multinode=multinode,
-                               oversubscribe=oversubscribe))
+                               oversubscribe=oversubscribe, optional=optional))
 
     sweeps = f"{size.collective_repeats} sweeps of {', '.join(COLLECTIVE_OPS)}"
     if nnodes > 1:       # first, so that every node starts it at once
@@ -174,7 +178,7 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                     f"({r} of {size.cores_repeats})",
                     compute_config(workload=names[0], batch_sizes=[batch],
                                    repeats=size.compute_repeats, warmup=3, concurrent=busy,
-                                   **common), r, oversubscribe=True)
+                                   **common), r, oversubscribe=True, optional=True)
     return _interleave_training(out, f"ddp-{names[0]}")
 
 
@@ -205,10 +209,14 @@ def _training(kind: str, workload: str, workers: int, steps: int, options: dict,
 
 
 def comparable(config: dict[str, Any]) -> str:
-    """A config as JSON, without what the launcher adds, for comparing stored runs."""
+    """A config as JSON, without what the launcher adds, for comparing stored runs; a PS
+    server's evaluation schedule left out too, so a run stored before the PS check stopped
+    evaluating inside its round trips still stands for it (its check then says loudly that
+    the round trip is off)."""
     clean = json.loads(json.dumps(config))
     clean.pop("oversubscribed", None)
     clean.pop("protocol", None)         # the load and pinning a run saw (measure/protocol.py)
+    ((clean.get("options") or {}).get("ps") or {}).pop("eval_every", None)
     return json.dumps(clean, sort_keys=True)
 
 

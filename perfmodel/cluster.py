@@ -162,6 +162,10 @@ class ClusterProfile:
     # busy process, workers and parameter servers alike, shares them); 0 = each device
     # computes on its own (GPUs), and compute is never stretched by core sharing.
     compute_cpu_cores_per_node: int = 0
+    # False where the workers' compute is a sleep standing in for a GPU (timed-wait runs):
+    # it occupies no core, while the servers' applies and CPU-driven copies still do.
+    # Not a profile field: `perfmodel compare` sets it for timed-wait runs.
+    compute_occupies_cores: bool = True
     # A measured profile's [calibration] residuals and run spread (perfmodel/uncertainty.py);
     # None for spec-derived profiles and calibrations that skipped compute or the network.
     calibration_errors: CalibrationErrors | None = None
@@ -188,6 +192,11 @@ class ClusterProfile:
             return 1.0
         return (1.0 + self.compute.core_contention * (min(busy, cores) - 1.0)) \
             * max(1.0, busy / cores)
+
+    def ranks_busy(self, ranks_per_node: int) -> int:
+        """Busy processes a DDP/FSDP rank computes beside: its node's ranks, or 1 where the
+        compute occupies no core (a timed wait)."""
+        return ranks_per_node if self.compute_occupies_cores else 1
 
     def nodes_for(self, workers: int) -> int:
         return -(-workers // self.devices_per_node)

@@ -176,13 +176,19 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     cores = [m for m in full
              if (m.config.get("options") or {}).get("compute", {}).get("concurrent")]
     assert [m.nproc for m in cores] == [1, 2, 3, 1, 2, 3]
-    assert all(m.oversubscribe for m in cores)
+    assert all(m.oversubscribe and m.optional for m in cores)
+    assert not any(m.optional for m in full if m not in cores)
     assert not any(m.oversubscribe for m in full if m not in cores)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
         [ps] = [m for m in suite if m.config["kind"] == "ps"]
         updates = ps.config["steps"] + ps.config["warmup_steps"]
         assert ps.config["options"]["ps"]["eval_every"] > updates
+    # a PS run stored before that change still stands for the measurement
+    from calibration.suite import comparable
+    older = json.loads(json.dumps(ps.config))
+    del older["options"]["ps"]["eval_every"]
+    assert comparable(older) == comparable(ps.config)
     assert all(m.config["calibration"]["suite"] == "local" for m in full)
     with pytest.raises(PerfmodelError, match="unknown workload 'nope'"):
         build_suite("cpu", suite="local", workloads=("nope",))

@@ -170,3 +170,38 @@ def test_fsdp_on_gloo_blocks_so_step_is_compute_plus_every_collective():
     gpu = FSDP().simulate(dataclasses.replace(sc, cluster=make_cluster(
         "local", comm_cpu_cores_per_node=0)))
     assert np.mean([s.end_s - s.start_s for s in gpu.steps if s.step >= 2]) < np.mean(steps)
+
+
+def test_cpu_copies_of_ps_transfers_count_as_busy_processes():
+    # gloo on a CPU host: both sides of a push or pull keep a core busy copying. 2 async
+    # workers on 2 cores: without copies b never exceeds 2 (the applied worker waits), so
+    # compute is not stretched; with them, one worker's transfer (2 copying processes)
+    # overlaps the other's compute: b up to 3 -> stretch in (1, 1.5]
+    stretch = {}
+    for comm_cores in (0, 2):
+        host = cpu_host(2, comm_cpu_cores_per_node=comm_cores)
+        sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32, jitter="none")
+        nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+        stretch[comm_cores] = _compute_s(AsyncPS().simulate(sc)) / nominal
+    assert stretch[0] == pytest.approx(1.0, rel=EXACT_TOL)
+    assert 1.0 < stretch[2] <= 1.5 + 1e-9
+
+
+def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_share():
+    # perfmodel compare's timed-wait runs: the workers' compute is a sleep (no core), the
+    # server's applies and the messages' CPU copies are real work on the host's cores
+    host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
+    sc = Scenario(cluster=host, workload=WORKLOAD, workers=8, batch_size=32, jitter="none")
+    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    result = AsyncPS().simulate(sc)
+    assert _compute_s(result) == pytest.approx(nominal, rel=EXACT_TOL)
+    free = dataclasses.replace(host, compute_cpu_cores_per_node=0, comm_cpu_cores_per_node=0,
+                               server=dataclasses.replace(host.server, link="inter_node"))
+    done = [s for s in result.steps if s.step >= 2]
+    unshared = [s for s in AsyncPS().simulate(dataclasses.replace(sc, cluster=free)).steps
+                if s.step >= 2]
+    assert np.mean([s.end_s - s.start_s for s in done]) >= \
+        np.mean([s.end_s - s.start_s for s in unshared]) * (1 - 1e-9)
+    ddp = DDP().simulate(dataclasses.replace(sc, workers=4))
+    assert _compute_s(ddp) == pytest.approx(unit_times(host, WORKLOAD, 32).step_s,
+                                            rel=EXACT_TOL)

@@ -17,7 +17,8 @@ synchronisation and PS queueing stay real, as on GPUs that leave the CPU free).
 How a B item is predicted (`scenario_for`, `model_options`):
 - the same workers, batch, speeds and steps as the run (steps = warm-up + timed steps);
 - timed-wait runs: compute cannot be slowed by communication (overlap_slowdown = 1) or by
-  sharing cores (a sleeping worker leaves its core free: SLEEPING_CORES) and has no
+  sharing cores (a sleeping worker leaves its core free: compute_occupies_cores = False;
+  a PS server's applies and the CPU copies of its messages still share them) and has no
   jitter; the waits are the model's own unit times (`compute_wait`), so what is tested is
   communication, synchronisation and queueing;
 - a capped link: the ranks sit on two emulated nodes (devices_per_node = 1) joined by an
@@ -199,20 +200,12 @@ def model_options(h: HeldOut, *, cpu: bool = True) -> dict[str, Any]:
     return {}
 
 
-# A timed-wait worker sleeps: it occupies no core, so its "compute" shares nothing. Modelled
-# as a host with more cores than any run has busy processes (ClusterProfile.compute_share
-# = 1), not as 0 cores, which would mean a GPU whose colocated server shares its device.
-SLEEPING_CORES = 1_000_000
-
-
 def cluster_for(h: HeldOut, profile: ClusterProfile) -> ClusterProfile:
     """The profile as this run sees it: timed-wait compute, or the capped link."""
     cluster = profile
     if h.timed_wait:
         cluster = dataclasses.replace(cluster, compute=dataclasses.replace(
-            cluster.compute, overlap_slowdown=1.0, core_contention=0.0))
-        if cluster.compute_cpu_cores_per_node:
-            cluster = dataclasses.replace(cluster, compute_cpu_cores_per_node=SLEEPING_CORES)
+            cluster.compute, overlap_slowdown=1.0), compute_occupies_cores=False)
     if h.link_rate_Gbps:
         capped = Link(bandwidth_GBps=h.link_rate_Gbps / 8.0,
                       latency_us=profile.intra_node.latency_us, efficiency_by_bytes=((1.0, 1.0),))
@@ -295,7 +288,7 @@ def find_calibration_runs(stored, suite, *, host: str, any_host: bool = False
         if here:
             ids.append(here[-1].id)
             labels.append(m.label)
-        else:
+        elif not getattr(m, "optional", False):
             missing.append(m.label)
             elsewhere |= {r.host for r in match if r.host}
     return CalibrationRuns(suite="", ids=tuple(ids), labels=tuple(labels),

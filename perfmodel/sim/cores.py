@@ -107,3 +107,10 @@ def fluid_stretch(spans: Sequence[tuple[float, float]],
     work = busy_integral(every[:, 0], every[:, 1], rate)
     done = float((work(s[:, 1]) - work(s[:, 0])).sum())
     return max(1.0, total / done) if done > 0 else 1.0
+
+
+def beyond_pair(share):
+    """The sharing slowdown beyond two busy processes, s(b)/s(2), at least 1: what a
+    transfer between two processes feels when its link was calibrated with both copying
+    (a 2-rank collective sweep)."""
+    return lambda busy: max(1.0, share(busy) / share(2.0))

@@ -156,7 +156,8 @@ class DDP:
     @staticmethod
     def busy(scenario: Scenario) -> int:
         """Ranks sharing a node's compute cores (a CPU host; no effect on a GPU)."""
-        return min(scenario.workers, scenario.cluster.devices_per_node)
+        cluster = scenario.cluster
+        return cluster.ranks_busy(min(scenario.workers, cluster.devices_per_node))
 
     def in_flight(self, scenario: Scenario) -> float:
         """Share of backward during which all-reduces are in flight (compute/in_flight_fraction)."""
@@ -223,4 +224,5 @@ class DDP:
                 f"all-reduce over {link.name}")
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events,
-                         notes=(note, *ranks_note(cluster, min(n, cluster.devices_per_node))))
+                         notes=(note, *ranks_note(cluster, cluster.ranks_busy(
+                             min(n, cluster.devices_per_node)))))

@@ -131,7 +131,7 @@ class FSDP:
         scatters = sum(reduce_scatter_s(cluster, n, u.params * p.reduce_bytes) for u in wl.units)
         comm_s = (2 if self.options.variant == "full-shard" else 1) * gathers + scatters
         alone = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           busy=min(n, cluster.devices_per_node))
+                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
         return in_flight_fraction(comm_s, float(alone.forward_s.sum() + alone.backward_s.sum()))
 
     def simulate(self, scenario: Scenario) -> SimResult:
@@ -151,7 +151,7 @@ class FSDP:
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
                            overlapped=("forward", "backward") if n > 1 and not blocking
                            else (), in_flight=self.in_flight(scenario),
-                           busy=min(n, cluster.devices_per_node))
+                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
@@ -213,6 +213,6 @@ class FSDP:
         if blocking and n > 1:
             notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
                       "none overlaps compute",)
-        notes += ranks_note(cluster, min(n, cluster.devices_per_node))
+        notes += ranks_note(cluster, cluster.ranks_busy(min(n, cluster.devices_per_node)))
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)

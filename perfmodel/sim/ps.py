@@ -230,7 +230,7 @@ class _PSRun:
     def __init__(self, scenario: Scenario, servers: int, placement: str | None,
                  dc_passes: float = 0.0, staleness_bound: int | None = None,
                  service: Callable[[float], float] | None = None,
-                 stretch: tuple[list[float], list[float]] | None = None):
+                 stretch: tuple[list[float], list[float], list[float]] | None = None):
         self.env = env = CountingEnvironment()
         wl, cluster = scenario.workload, scenario.cluster
         self.workers, self.steps_each = scenario.workers, scenario.steps
@@ -262,14 +262,21 @@ class _PSRun:
         self.service = service          # None: every transfer and apply takes its mean
         nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
         # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
-        # stretch) from the previous round of the fixed point, and the spans it measures
+        # stretch, per-node transfer stretch) from the previous round of the fixed point,
+        # and the spans it measures
         self.cluster, self.stretch = cluster, stretch
-        worker_stretch, server_stretch = stretch or (None, None)
+        worker_stretch, server_stretch, link_stretch = stretch or (None, None, None)
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
                                      worker_stretch)
         self.compute_spans: list[list[tuple[float, float]]] | None = None
+        # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
+        # busy copying while it carries it; None where the links move data themselves
+        self.link_stretch = link_stretch
+        self.copy_spans: list[list[tuple[float, float]]] | None = None
         if stretch is not None:
             self.compute_spans = [[] for _ in range(scenario.workers)]
+            if link_stretch is not None:
+                self.copy_spans = [[] for _ in range(self.hardware.nodes)]
             for server, x in zip(self.servers, server_stretch, strict=True):
                 server.apply_s, server.accumulate_s = x * server.apply_s, x * server.accumulate_s
                 server.spans = []
@@ -329,6 +336,8 @@ class _PSRun:
         at = now
         if out is not None:
             carry_s = seconds if self.service is None else self.service(seconds)
+            if self.link_stretch is not None:
+                carry_s *= self.link_stretch[self.layout.node_of_worker[w]]
             free = self.link_free
             f = free[out]
             sent = (f if f > now else now) + carry_s            # max(now, free from)
@@ -336,8 +345,19 @@ class _PSRun:
             received = (f if f > now else now) + carry_s
             free[out], free[into] = sent, received
             at = (received if received > sent else sent) + latency
+            if self.copy_spans is not None:
+                self._copying(w, i, kind, sent - carry_s, sent, received - carry_s, received)
         self.comm_rows.append((kind, w, now, at, nbytes, self.server_names[i]))
         return at
+
+    def _copying(self, w: int, i: int, kind: str, *spans: float) -> None:
+        """The sender's and the receiver's copy spans, each on its own node."""
+        worker_node = self.layout.node_of_worker[w]
+        server_node = self.layout.node_of_server[self.servers[i].index]
+        sender, receiver = ((worker_node, server_node) if kind == "push"
+                            else (server_node, worker_node))
+        self.copy_spans[sender].append((spans[0], spans[1]))
+        self.copy_spans[receiver].append((spans[2], spans[3]))
 
     def _service(self, mean_s: float) -> float:
         return mean_s if self.service is None else self.service(mean_s)
@@ -495,39 +515,59 @@ def _sharing_groups(run: _PSRun) -> list[tuple[list[int], list[int], bool]]:
 
 
 def _sharing_note(run: _PSRun) -> str:
-    workers, servers = run.stretch
+    workers, servers, links = run.stretch
     where = (f"{run.cluster.compute_cpu_cores_per_node} cores per node"
              if run.cluster.compute_cpu_cores_per_node else "the host device")
+    copies = ("" if links is None else
+              f", transfers (CPU copies) x{min(links):.2f}-{max(links):.2f}")
     return (f"compute shared ({where}; busy processes and server duty cycle as a fixed "
             f"point): worker compute x{min(workers):.2f}-{max(workers):.2f}, server applies "
-            f"x{min(servers):.2f}-{max(servers):.2f}")
+            f"x{min(servers):.2f}-{max(servers):.2f}{copies}")
 
 
 def _sharing_stretch(run: _PSRun, first: bool = False
-                     ) -> tuple[list[float], list[float]] | None:
-    """(compute stretch per worker, apply stretch per server position) from the busy spans
-    of a finished `run` (cores.fluid_stretch); `first`: the starting guess before any run (the
-    node's workers all computing, servers idle), or None when nothing shares compute."""
+                     ) -> tuple[list[float], list[float], list[float] | None] | None:
+    """(compute stretch per worker, apply stretch per server position, transfer stretch per
+    node or None) from the busy spans of a finished `run` (cores.fluid_stretch); `first`:
+    the starting guess before any run (the node's workers all computing, servers idle), or
+    None when nothing shares compute.
+
+    Where communication is CPU-driven too (`comm_cpu_cores_per_node` > 0: gloo on a CPU
+    host), both sides of every transfer keep a core busy copying while it is carried: those
+    copies count as busy processes for the compute and the applies, and are themselves
+    stretched by the sharing beyond the two processes the link was calibrated with (a 2-rank
+    collective sweep), s(b)/s(2)."""
     groups = _sharing_groups(run)
     if not groups:
         return None
-    workers, servers = [1.0] * run.workers, [1.0] * len(run.servers)
     cluster = run.cluster
-    for ws, ss, on_cores in groups:
+    workers, servers = [1.0] * run.workers, [1.0] * len(run.servers)
+    copying = cluster.comm_cpu_cores_per_node > 0 and all(g[2] for g in groups)
+    links = [1.0] * run.hardware.nodes if copying else None
+    for node, (ws, ss, on_cores) in enumerate(groups):
         if first:
             if on_cores:
                 for w in ws:
-                    workers[w] = cluster.compute_share(len(ws))
+                    workers[w] = cluster.compute_share(cluster.ranks_busy(len(ws)))
             continue
         compute = [span for w in ws for span in run.compute_spans[w]]
         share = cluster.compute_share if on_cores else cores.device_share
-        stretch_w = cores.fluid_stretch(compute, [run.servers[i].spans for i in ss], share)
+        copies = [run.copy_spans[node]] if copying else []
+        applies = [run.servers[i].spans for i in ss]
+        if cluster.compute_occupies_cores:
+            stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
+        else:                       # a timed wait: sleeps, shares nothing, is not slowed
+            compute, stretch_w = [], 1.0
         for w in ws:
             workers[w] = stretch_w
         for i in ss:     # the server computes beside the workers it overlaps, and the others
             others = [run.servers[j].spans for j in ss if j != i]
-            servers[i] = cores.fluid_stretch(run.servers[i].spans, [compute, *others], share)
-    return workers, servers
+            servers[i] = cores.fluid_stretch(run.servers[i].spans, [compute, *others, *copies],
+                                             share)
+        if copying:
+            links[node] = cores.fluid_stretch(run.copy_spans[node], [compute, *applies],
+                                              cores.beyond_pair(share))
+    return workers, servers, links
 
 
 class _PSStrategy:
@@ -571,12 +611,14 @@ class _PSStrategy:
                 continue
             run.go(getattr(run, f"{worker}_worker"))
             new = _sharing_stretch(run)
-            moved = max(abs(a / b - 1) for a, b in zip(new[0] + new[1],
-                                                       stretch[0] + stretch[1], strict=True))
+            flat_new = [x for part in new if part is not None for x in part]
+            flat_old = [x for part in stretch if part is not None for x in part]
+            moved = max(abs(a / b - 1) for a, b in zip(flat_new, flat_old, strict=True))
             if moved < SHARING_TOLERANCE:
                 break
             if rounds >= UNDAMPED_ROUNDS:       # still moving: it oscillates, so damp it
-                new = tuple([(a + b) / 2 for a, b in zip(x, y, strict=True)]
+                new = tuple(None if x is None else [(a + b) / 2 for a, b in
+                                                     zip(x, y, strict=True)]
                             for x, y in zip(new, stretch, strict=True))
             stretch = new
         return run
