@@ -106,7 +106,12 @@ def test_async_at_least_as_fast_as_sync(case):
 def test_more_dedicated_servers_never_lower_throughput(case, extra):
     # Each dedicated server brings its own NIC; links are flat (no small-message
     # efficiency loss, which would make smaller shards slower per byte: a real cost).
+    # Nodes hold equal numbers of workers: with unequal nodes (10 workers, 7 per node: 7 + 3
+    # sharing two NICs) the workers are not alike, and async FCFS has a list-scheduling
+    # anomaly (Graham 1969): 3 servers finished 0.037 % later than 2 (hypothesis found it).
     sc, servers = case
+    per_node = sc.cluster.devices_per_node
+    assume(sc.workers % per_node == 0 or per_node >= sc.workers)
     for cls in (AsyncPS, SyncPS):
         few = cls(cls.Options(servers=servers, server_placement="dedicated"))
         more = cls(cls.Options(servers=servers + extra, server_placement="dedicated"))
