@@ -192,6 +192,17 @@ def test_options_and_timed_wait_config_describe_the_same_run():
     assert config["options"] == {"fsdp": {"variant": "full-shard"}}
 
 
+def test_a_compare_ps_run_evaluates_outside_its_updates():
+    """The server's evaluations would stall replies the model does not time: a compare PS
+    run evaluates before its first and after its last update only."""
+    from perfmodel.cluster import load_cluster
+
+    ps = HeldOut(key="p", what="", strategy="async-ps", workload="mlp", workers=3)
+    config = run_config(ps, load_cluster("local"), steps=10, seed=0, repeat=1)
+    total_updates = (10 + config["warmup_steps"]) * 3
+    assert config["options"]["ps"]["eval_every"] > total_updates
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -235,6 +235,13 @@ def run_config(h: HeldOut, profile: ClusterProfile, *, steps: int, seed: int,
     from measure.configs import training_config
 
     options = dict(h.options)
+    if h.kind == "ps":
+        # The server evaluates its model only before the first and after the last update:
+        # an evaluation inside the run stalls every reply (~0.1-0.3 s each on this host, 8 a
+        # run by default) and the model times training, not evaluation (as calibration's PS
+        # run does, calibration/suite.py).
+        updates = (steps + WARMUP_STEPS) * max(h.workers, 1)
+        options.setdefault("eval_every", updates + 1)
     config = training_config(
         h.kind, workers=h.workers, workload=h.workload, batch_size=h.batch, steps=steps,
         warmup_steps=WARMUP_STEPS, speed=",".join(f"{s:g}" for s in h.speed) or None,
