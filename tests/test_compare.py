@@ -502,3 +502,11 @@ def test_pytorch_memory_estimate_agrees_with_the_memory_model_on_a_small_model()
         row = _with_model(estimate("mlp", strategy, ranks))
         assert row["torch_bytes"] > 0
         assert row["model_bytes"] == pytest.approx(row["torch_bytes"], rel=TORCH_MEMORY_REL)
+
+
+def test_the_report_command_line_carries_the_protocol_options():
+    from perfmodel.commands.compare import _protocol_args
+
+    assert _protocol_args(0.5, 30, False) == ""
+    assert _protocol_args(0.5, 10, False) == " --settle-max-s 10"
+    assert _protocol_args(0.25, 30, True) == " --settle-load 0.25 --no-pin"

@@ -83,7 +83,8 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
             calibrate=calibrate, profile_path=profile_path, allow_other_host=allow_other_host,
             torch_memory=torch_memory, predict_only=predict_only, max_time_s=max_time_s,
             command_line=_command_line(cluster, db, quick, repeats, seed, out, calibrate,
-                                       profile_path, allow_other_host, torch_memory),
+                                       profile_path, allow_other_host, torch_memory)
+            + _protocol_args(settle_load, settle_max_s, no_pin),
             calibration_progress=calibrating, progress=comparing,
             run_protocol=make_protocol(settle_load, settle_max_s, no_pin))
     if done.predict_only:
@@ -94,6 +95,15 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
     else:
         click.echo("\n".join([f"report: {done.report}", *done.headlines,
                               *(f"target missed: {m}" for m in done.missed)]))
+
+
+def _protocol_args(settle_load: float, settle_max_s: float, no_pin: bool) -> str:
+    """The measurement protocol's options where they differ from the defaults (an env var
+    may have set --settle-max-s: the report shows the value used)."""
+    parts = [f" --settle-load {settle_load:g}"] if settle_load != 0.5 else []
+    parts += [f" --settle-max-s {settle_max_s:g}"] if settle_max_s != 30 else []
+    parts += [" --no-pin"] if no_pin else []
+    return "".join(parts)
 
 
 def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow,
