@@ -467,7 +467,7 @@ def test_quick_comparison_end_to_end(tmp_path):
     out = tmp_path / "report"
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
     args = ["--cluster", "local", "--quick", "--allow-other-host", "--db", str(db),
-            "--out", str(out), "--torch-memory", "none"]
+            "--out", str(out), "--torch-memory", "none", "--repeats", "2"]
     first = _cli(*args, "--predict-only", env=env)
     assert first.returncode == 0, first.stderr
     predictions = json.loads((out / "predictions.json").read_text())["predictions"]
