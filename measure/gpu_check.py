@@ -42,7 +42,7 @@ from torch import nn
 
 from measure.memtrack import measure_memory
 from measure.models import MODELS, ModelSpec
-from measure.runs.compute import time_per_run
+from measure.runs.compute import time_per_run, unit_pass_times
 from measure.timing import median_iqr
 from measure.training import build_model, make_optimizer
 from perfmodel.errors import PerfmodelError
@@ -171,31 +171,10 @@ def measure_case(case: Case, device: str, deadline: float,
 def _unit_passes(spec: ModelSpec, model: nn.Sequential, batch: int, device: str, autocast,
                  timing: dict, generator: torch.Generator) -> list[dict[str, Any]]:
     """Forward and backward median seconds of every unit alone (measure/runs/compute.py)."""
-    x, _ = spec.example_batch(batch, generator)
-    h = x.to(device)
-    rows = []
-    for index, (name, unit) in enumerate(model.named_children()):
-        inp = h.detach().requires_grad_(index > 0 and h.is_floating_point())
-        with autocast:
-            out = unit(inp)
-        grad_out = torch.randn(out.shape, generator=generator).to(out)
-        params = list(unit.parameters())
-
-        def forward(unit=unit, inp=inp):
-            with autocast:
-                unit(inp)
-
-        def backward(out=out, grad_out=grad_out, inp=inp, params=params):
-            for p in [*params, inp]:
-                p.grad = None
-            out.backward(grad_out, retain_graph=True)
-
-        for phase, fn in (("forward", forward), ("backward", backward)):
-            median_s, iqr_s = median_iqr(time_per_run(fn, **timing))
-            rows.append({"unit": name, "phase": phase, "batch_size": batch,
-                         "median_s": median_s, "iqr_s": iqr_s})
-        h = out.detach()
-        del out, grad_out
+    rows = [{"unit": name, "phase": phase, "batch_size": batch, "median_s": median_s,
+             "iqr_s": iqr_s}
+            for name, phase, median_s, iqr_s in unit_pass_times(
+                spec, model, batch, device, autocast, timing, generator)]
     for p in model.parameters():
         p.grad = None
     return rows

@@ -99,35 +99,15 @@ def run(ctx: RunContext) -> None:
                               enabled=timing["cuda"] and spec.precision == "bf16-mixed")
     step_s: dict[int, float] = {}
     for batch_size in batch_sizes:
-        x, _ = spec.example_batch(batch_size, generator)
-        h = x.to(ctx.device)
         step_s[batch_size] = 0.0
-        for index, (name, unit) in enumerate(model.named_children()):
-            inp = h.detach().requires_grad_(index > 0 and h.is_floating_point())
-            with autocast:
-                out = unit(inp)
-            grad_out = torch.randn(out.shape, generator=generator).to(out)
-            params = list(unit.parameters())
-
-            def forward(unit=unit, inp=inp):
-                with autocast:
-                    unit(inp)
-
-            def backward(out=out, grad_out=grad_out, inp=inp, params=params):
-                for p in [*params, inp]:
-                    p.grad = None
-                out.backward(grad_out, retain_graph=True)
-
-            for pass_name, fn in (("forward", forward), ("backward", backward)):
-                median_s, iqr_s = median_iqr(time_per_run(fn, **timing))
-                step_s[batch_size] += median_s
-                ctx.recorder.write(
-                    "compute", unit=name, batch_size=batch_size, **{"pass": pass_name},
-                    median_s=median_s, iqr_s=iqr_s, repeats=timing["repeats"],
-                    warning=noise_warning(f"{name} {pass_name} at batch {batch_size}",
-                                          median_s, iqr_s))
-            h = out.detach()
-            del out, grad_out
+        for name, pass_name, median_s, iqr_s in unit_pass_times(
+                spec, model, batch_size, ctx.device, autocast, timing, generator):
+            step_s[batch_size] += median_s
+            ctx.recorder.write(
+                "compute", unit=name, batch_size=batch_size, **{"pass": pass_name},
+                median_s=median_s, iqr_s=iqr_s, repeats=timing["repeats"],
+                warning=noise_warning(f"{name} {pass_name} at batch {batch_size}",
+                                      median_s, iqr_s))
 
     optimizer = make_optimizer(spec, model.parameters())
     for p in model.parameters():
@@ -181,3 +161,32 @@ def run_concurrent(ctx: RunContext, settings) -> None:
         host_cores=os.cpu_count() or 1, load1_before=load_before,
         load1_after=os.getloadavg()[0],
         warning=noise_warning(f"concurrent step, {ctx.world_size} processes", median_s, iqr_s))
+
+
+def unit_pass_times(spec, model, batch_size: int, device: str, autocast, timing: dict,
+                    generator: torch.Generator):
+    """(unit, "forward" | "backward", median s, IQR s) of every unit of `model` alone, fed
+    the previous unit's output for `batch_size` samples (time_per_run with `timing`)."""
+    x, _ = spec.example_batch(batch_size, generator)
+    h = x.to(device)
+    for index, (name, unit) in enumerate(model.named_children()):
+        inp = h.detach().requires_grad_(index > 0 and h.is_floating_point())
+        with autocast:
+            out = unit(inp)
+        grad_out = torch.randn(out.shape, generator=generator).to(out)
+        params = list(unit.parameters())
+
+        def forward(unit=unit, inp=inp):
+            with autocast:
+                unit(inp)
+
+        def backward(out=out, grad_out=grad_out, inp=inp, params=params):
+            for p in [*params, inp]:
+                p.grad = None
+            out.backward(grad_out, retain_graph=True)
+
+        for pass_name, fn in (("forward", forward), ("backward", backward)):
+            median_s, iqr_s = median_iqr(time_per_run(fn, **timing))
+            yield name, pass_name, median_s, iqr_s
+        h = out.detach()
+        del out, grad_out
