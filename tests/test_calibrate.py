@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -50,10 +51,9 @@ TRAIN_MAX_BYTES = 2**20          # held-out network: fit on <= 1 MiB, predict 2 
 # Bounds of the held-out checks on the median |relative error| over the held-out points,
 # derived from the recorded spread in tests/fixtures/README.md: about 1.6x the noise of a
 # 3-repeat median (network), 2x the noise of a median of 8 blocks (compute: σ ≈ 20 % per
-# block, so 2 x 1.25 x 0.20 / √8 ≈ 18 %), under the profile's own 1σ (DDP).
+# block, so 2 x 1.25 x 0.20 / √8 ≈ 18 %); DDP: under the profile's own 1σ, from the profile.
 NETWORK_HELD_OUT_TOL = 0.35
 COMPUTE_HELD_OUT_TOL = 2 * 1.25 * 0.20 / 8**0.5
-DDP_HELD_OUT_TOL = 0.40
 INTERVAL_COVERAGE = 0.9
 
 
@@ -371,7 +371,7 @@ def test_held_out_ddp_runs_the_calibration_never_saw(recorded, profiles):
     store, roles = recorded
     path = write_profile(calibrate_runs(store, roles["suite"]).profile("heldout")).path
     cluster = parse_profile(tomllib.loads(path.read_text()), path)
-    errors, inside = [], 0
+    errors, log_errors, sigmas, inside = [], [], [], 0
     for run in _runs(store, roles["extra:ddp"]):
         row = run.row
         scenario = Scenario(cluster=cluster, workload=load_workload(row.workload),
@@ -379,9 +379,13 @@ def test_held_out_ddp_runs_the_calibration_never_saw(recorded, profiles):
         measured = float(np.median([s["wall_s"] for s in run.table("steps")]))
         p = predict("ddp", scenario)
         errors.append(p.summary.step_time_s.mean / measured - 1)
+        log_errors.append(math.log(p.summary.step_time_s.mean / measured))
+        sigmas.append(p.interval.sigma_rel)
         inside += p.interval.low_s <= measured <= p.interval.high_s
     assert len(errors) == 3
-    assert _median_abs(errors) <= DDP_HELD_OUT_TOL, errors
+    # within the profile's own 1σ (log scale; set A's step residual and run spread, an
+    # estimate no held-out run enters): tests/fixtures/README.md
+    assert _median_abs(log_errors) <= float(np.median(sigmas)), (errors, sigmas)
     # the 90 % interval should hold each run: >= 2 of 3 happens with probability 0.97 if the
     # stated coverage is right (binomial), so failing this says the interval is too narrow
     assert inside >= 2, errors

@@ -205,3 +205,28 @@ def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_sha
     ddp = DDP().simulate(dataclasses.replace(sc, workers=4))
     assert _compute_s(ddp) == pytest.approx(unit_times(host, WORKLOAD, 32).step_s,
                                             rel=EXACT_TOL)
+
+
+def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback():
+    # measure/runs/ps.py: the server is rank 0, a process of its own; every worker, the one
+    # whose cores it shares included, pushes and pulls over gloo on loopback. One worker:
+    # the step is compute + push + apply + pull, each transfer alpha + n beta of intra_node.
+    from perfmodel.sim.collectives import link_transfer_s
+    from perfmodel.sim.compute import optimizer_seconds
+    host = cpu_host(2)
+    sc = Scenario(cluster=host, workload=WORKLOAD, workers=1, batch_size=32, jitter="none")
+    nbytes = WORKLOAD.params * 4
+    expected = (unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+                + 2 * link_transfer_s(host.intra_node, nbytes)
+                + optimizer_seconds(host, WORKLOAD, 1.0))
+    accumulate_s = nbytes / (host.server.apply_GBps * 1e9)  # sync-ps: one summing pass
+    for strategy, extra in ((AsyncPS(), 0.0), (SyncPS(), accumulate_s)):
+        result = strategy.simulate(sc)
+        assert len(result.comms) > 0
+        steps = [s.end_s - s.start_s for s in result.steps if s.step >= 2]
+        assert np.mean(steps) == pytest.approx(expected + extra, rel=1e-6), strategy.name
+    # a GPU: a colocated server on the worker's own device needs no transfer at all
+    gpu = Scenario(cluster=make_cluster("a100"), workload=WORKLOAD, workers=1, batch_size=32,
+                   jitter="none")
+    assert all(c.bytes == 0 or c.end_s == c.start_s for c in AsyncPS(AsyncPS.Options(
+        server_placement="colocated")).simulate(gpu).comms)

@@ -211,3 +211,27 @@ def test_overlap_slowdown_stretches_backward_only_while_communicating():
     assert 0 < share <= 1
     backward = float(unit_times(base, w, 8).backward_s.sum())
     assert compute_s(slowed, 4) - compute_s(base, 4) == pytest.approx(0.5 * share * backward)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_overlap_slowdown_lasts_as_long_as_the_collectives_not_the_straggler(strategy):
+    # compute.overlap_slowdown stretches compute only while collectives are in flight; a
+    # worker at half speed computes twice as long, but the collectives it overlaps take no
+    # longer, so its extra seconds from the slowdown are the same as a fast worker's
+    import dataclasses
+
+    from perfmodel.sim.fsdp import FSDP
+    base = make_cluster(intra_node=flat_link(100.0, 2.0))
+    wl = make_workload(units=6, flops_per_sample=2e10)
+
+    def compute(slowdown, speed):
+        cluster = dataclasses.replace(base, compute=dataclasses.replace(
+            base.compute, overlap_slowdown=slowdown))
+        sim = DDP() if strategy == "ddp" else FSDP()
+        res = sim.simulate(scenario(cluster, wl, 2, speed=speed))
+        return {w: np.mean([r.compute_s for r in res.steps if r.worker == w]) for w in (0, 1)}
+
+    fast, slow = compute(1.0, (1.0, 0.5)), compute(1.5, (1.0, 0.5))
+    extra = {w: slow[w] - fast[w] for w in (0, 1)}
+    assert extra[0] > 0
+    assert extra[1] == pytest.approx(extra[0], rel=1e-9)

@@ -175,6 +175,12 @@ class DDP:
                            overlapped=("backward",) if n > 1 else (),
                            in_flight=self.in_flight(scenario), busy=self.busy(scenario))
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
+        # The overlap slowdown lasts as long as the all-reduces are in flight, which a slow
+        # or jittery worker does not lengthen: it is added to, not scaled with, its compute.
+        plain = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           busy=self.busy(scenario))
+        plain_s = float(plain.forward_s.sum() + plain.backward_s.sum())
+        overlap_extra_s = forward_s + backward_s - plain_s
         buckets, wire_bytes, durations = self._wire(scenario, times.backward_s)
         communicate = n > 1 and bool(buckets)
         ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
@@ -201,17 +207,19 @@ class DDP:
             for step in range(scenario.steps):
                 slow = noise.draw()
                 start = clock
-                backward_end = start + (forward_s + backward_s) * slow
+                passes = plain_s * slow + overlap_extra_s             # forward + backward
+                backward_end = start + passes
                 comm_end, alone_comm_end = -np.inf, np.full(n, -np.inf)
                 if communicate:
-                    ready = start + np.outer(ready_s, slow)           # (bucket, worker)
+                    # bucket b is ready the same share of the way through each worker's passes
+                    ready = start + np.outer(ready_s, passes / (forward_s + backward_s))
                     comm_end = yield env.process(reducer(ready.max(axis=1)))
                     # counterfactual: the same chain if every rank had this worker's times
                     alone_comm_end = (ready + rest_s[:, None]).max(axis=0)
                 optimizer = times.optimizer_s * slow
                 clock = np.maximum(backward_end, comm_end) + optimizer
                 alone_end = np.maximum(backward_end, alone_comm_end) + optimizer
-                compute = (forward_s + backward_s + times.optimizer_s) * slow
+                compute = passes + times.optimizer_s * slow
                 s, u = sync_step_records(step, start, clock, compute, alone_end)
                 steps.extend(s)
                 updates.extend(u)

@@ -152,6 +152,12 @@ class FSDP:
                            overlapped=("forward", "backward") if n > 1 and not blocking
                            else (), in_flight=self.in_flight(scenario),
                            busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
+        # The overlap slowdown lasts as long as collectives are in flight, which a slow or
+        # jittery worker does not lengthen: added to each pass, not scaled with it.
+        plain = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
+                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
+        extra_f = times.forward_s - plain.forward_s
+        extra_b = times.backward_s - plain.backward_s
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
@@ -175,7 +181,8 @@ class FSDP:
                     t, ta = yield from net.wait(("forward", u), t, ta)
                     if k and u + k < units:
                         gather("forward", u + k, t, ta)
-                    t, ta = t + times.forward_s[u] * slow, ta + times.forward_s[u] * slow
+                    d = plain.forward_s[u] * slow + extra_f[u]
+                    t, ta = t + d, ta + d
                     if not k and u + 1 < units:
                         gather("forward", u + 1, t, ta)
                 order = list(range(units - 1, -1, -1))   # backward: last unit first
@@ -187,7 +194,8 @@ class FSDP:
                         t, ta = yield from net.wait(("backward", u), t, ta)
                         if k and j + k < units:
                             gather("backward", order[j + k], t, ta)
-                    t, ta = t + times.backward_s[u] * slow, ta + times.backward_s[u] * slow
+                    d = plain.backward_s[u] * slow + extra_b[u]
+                    t, ta = t + d, ta + d
                     net.launch(("scatter", u), "reduce-scatter", grad_bytes[u], scatter_s[u],
                                t, ta)
                     if blocking:
@@ -198,8 +206,8 @@ class FSDP:
                     t, ta = yield from net.wait(("scatter", u), t, ta)
                 optimizer = times.optimizer_s * slow
                 clock, alone_end = t + optimizer, ta + optimizer
-                compute = (times.forward_s.sum() + times.backward_s.sum()
-                           + times.optimizer_s) * slow
+                compute = ((plain.forward_s.sum() + plain.backward_s.sum()
+                            + times.optimizer_s) * slow + extra_f.sum() + extra_b.sum())
                 s, up = sync_step_records(step, start, clock, compute, alone_end)
                 steps.extend(s)
                 updates.extend(up)

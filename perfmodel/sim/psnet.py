@@ -7,7 +7,8 @@ profile's per-direction bandwidth, each carrying one message at a time, first co
 served (ps.py `_PSRun.transfer`). A push from worker w to
 server k crosses w's node NIC out and k's node NIC in; a pull the reverse; the workers of one
 node share their node's NIC. A worker and a server on the same node talk over the intra-node
-link instead (w's device out, the server's device in); on the same device, not at all.
+link instead (w's device out, the server's device in); on the same device, not at all
+(a GPU); on a CPU host a server is a process of its own and always crosses loopback.
 
 Placement (`--server-placement`):
 - dedicated: server k is an extra node with its own NIC and one server device; the hardware
@@ -122,11 +123,19 @@ class Layout:
         if hw.placement == "dedicated":
             self.node_of_server = [hw.worker_nodes + k for k in range(servers)]
             self.device_of_server = [workers + k for k in range(servers)]
+        elif cluster.compute_cpu_cores_per_node > 0:
+            # A CPU host: a colocated server is a process of its own beside the workers
+            # (measure/runs/ps.py's rank 0), so even the worker it shares cores with reaches
+            # it over the intra-node link (loopback): it gets a device slot (pools) of its
+            # own, but no hardware of its own and shares its node's cores (ps.py).
+            self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
+            self.device_of_server = [workers + k for k in range(servers)]
         else:
             self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
             self.device_of_server = [self._host(k, workers, per_node) for k in range(servers)]
         self.nodes = hw.nodes
-        self.devices = workers + hw.server_devices
+        self.devices = workers + max(hw.server_devices, len(set(self.device_of_server)
+                                                           - set(range(workers))))
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
         # = 2 nodes + 2d, in = 2 nodes + 2d + 1
         self.pool_bandwidth_Bps = ([cluster.inter_node.bandwidth_GBps * 1e9] * (2 * self.nodes)
