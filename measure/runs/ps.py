@@ -6,8 +6,10 @@ reply [server version, parameters...]. Messages go over gloo with CPU tensors (a
 gloo group when the job runs NCCL: NCCL cannot receive from "any source").
 
 Modes (option ps.mode):
-- "sync": the server takes one gradient from every worker, applies their mean, replies to
-  all. Every gradient was computed on the current version: staleness 0.
+- "sync": the server takes one gradient from every worker, in the order they arrive
+  (`dist.recv(src=None)`), adding each to a running sum as it arrives (as MXNet's kvstore
+  merges pushes, and as perfmodel/sim/ps.py models it), then applies their mean and replies
+  to all. Every gradient was computed on the current version: staleness 0.
 - "async": the server takes whichever worker's gradient arrives first (`dist.recv(src=None)`
   returns the sender), applies it and replies to that worker alone. Staleness τ = server
   version when applied − version the worker read; for N equal workers mean τ ≈ N − 1.
@@ -213,8 +215,10 @@ class Server:
         size = flat_size(self.model)
         self.reply = torch.empty(REPLY_HEADER + size)          # [version, parameters]
         n = settings.workers
-        self.inbox = [torch.empty(PUSH_HEADER + size) for _ in range(n if options.mode ==
-                                                                      "sync" else 1)]
+        # sync: the first gradient of a step lands in inbox[0], which then holds the running
+        # sum; later ones land in inbox[1] and are added (one buffer more with >= 2 workers)
+        self.inbox = [torch.empty(PUSH_HEADER + size)
+                      for _ in range(2 if options.mode == "sync" and n > 1 else 1)]
         self.sent = ([torch.empty(size) for _ in range(n)]
                      if options.delay_compensation else [])     # w_read per worker (DC-ASGD)
         self.x_test, self.y_test, self.test_data = held_out_set(self.spec, settings.seed,
@@ -242,14 +246,21 @@ class Server:
         self.write_summary()
 
     def serve_sync(self, workers: list[int]) -> None:
+        total = self.inbox[0][PUSH_HEADER:]
         for _ in range(self.settings.total_steps):
-            for rank, inbox in zip(workers, self.inbox, strict=True):
-                self.channel.recv(inbox, rank)
-            mean = torch.stack([b[PUSH_HEADER:] for b in self.inbox]).mean(dim=0)
-            self.apply(mean, self.lr)
+            headers: dict[int, torch.Tensor] = {}
+            for i in range(len(workers)):           # each worker pushes once, then waits
+                inbox = self.inbox[min(i, 1)]
+                rank = self.channel.recv(inbox, None)
+                if rank in headers:
+                    raise PerfmodelError(f"PS server: rank {rank} pushed twice in one step")
+                headers[rank] = inbox[:PUSH_HEADER].clone()
+                if i:
+                    total.add_(inbox[PUSH_HEADER:])
+            self.apply(total.div_(len(workers)), self.lr)
             now = time.perf_counter() - self.start
-            for rank, inbox in zip(workers, self.inbox, strict=True):
-                self.record_update(rank - 1, inbox, now)
+            for rank in workers:
+                self.record_update(rank - 1, headers[rank], now)
             self.version += 1
             self.pack()
             self.reply_to(workers)
