@@ -6,9 +6,13 @@ it feeds (calibration/from_store.py):
 - collectives: an nccl-tests-style sweep of all-reduce, all-gather and reduce-scatter at the
   node's ranks (2 on a CPU host, every GPU on a GPU host), sizes spanning what the workloads
   communicate (CPU: 1 KiB to 16 MiB — mlp's 12.9 MB of gradients, cnn-small's 2.5 MB, FSDP
-  units down to kilobytes; GPU: to 256 MiB, nccl-tests' default end), each op swept
-  `COLLECTIVE_REPEATS` times in one launch (the op list repeated: A, B, C, A, B, C, ...) so
-  each size has several points spread over the run, without paying torch's start-up again.
+  units down to kilobytes; GPU: to 256 MiB, nccl-tests' default end), in
+  `COLLECTIVE_LAUNCHES` launches of one sweep each, spread over the suite (before the compute
+  measurements, between them and after them). One launch of three sweeps, as the suite had
+  until 2026-12-03, sees one state of the machine: two quiet calibrations of this 2-core
+  host, an hour apart, fitted loopback bandwidths of 1.35 and 0.94 GB/s from it and every
+  held-out prediction moved 15-45 % with them, while the held-out measurements moved 5-10 %.
+  `--quick` keeps one launch of two sweeps (the op list repeated: A, B, C, A, B, C).
   With several nodes, one more such run over all of them (it feeds inter_node).
 - compute: each workload's per-unit forward/backward times at a quarter, half and all of its
   batch size (>= 3 FLOP counts per unit, as the compute fit needs; the training runs use the
@@ -63,7 +67,7 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 # its runs skip the scikit-learn import that mlp's digits data costs (~5 s on a busy host).
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
-COLLECTIVE_REPEATS = 3
+COLLECTIVE_LAUNCHES = 3             # full suite: launches of one sweep each, spread out
 WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
 CORES_REPEATS = 2
@@ -78,7 +82,8 @@ class SuiteSize:
     max_bytes: dict[str, int]       # per device kind
     factor: int
     iters: int | None               # None: the device default (measure/runs/collectives.py)
-    collective_repeats: int
+    collective_repeats: int         # sweeps of every op in one launch
+    collective_launches: int        # launches of the single-node sweep, spread over the suite
     compute_repeats: int
     compute_workloads: int          # how many of the workloads get a compute profile
     steps: int
@@ -88,11 +93,13 @@ class SuiteSize:
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
-                 collective_repeats=COLLECTIVE_REPEATS, compute_repeats=8,
+                 collective_repeats=1, collective_launches=COLLECTIVE_LAUNCHES,
+                 compute_repeats=8,
                  compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
                  cores_repeats=CORES_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
-                  collective_repeats=2, compute_repeats=5, compute_workloads=2, steps=8,
+                  collective_repeats=2, collective_launches=1, compute_repeats=5,
+                  compute_workloads=2, steps=8,
                   ddp_repeats=2, second_ddp=False, cores_repeats=1)
 
 
@@ -138,14 +145,17 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                                nproc=nproc or processes(config), multinode=multinode,
                                oversubscribe=oversubscribe, optional=optional))
 
-    sweeps = f"{size.collective_repeats} sweeps of {', '.join(COLLECTIVE_OPS)}"
+    sweeps = (f"{size.collective_repeats} sweep{'s' if size.collective_repeats > 1 else ''} "
+              f"of {', '.join(COLLECTIVE_OPS)}")
     if nnodes > 1:       # first, so that every node starts it at once
         config = {**_sweep(kind, size, ranks * nnodes, common), "nodes": nnodes}
         add("collectives-nodes", f"collectives, {nnodes} nodes x {ranks} ranks, {sweeps}",
             config, multinode=True, nproc=ranks)
     if ranks >= 2:
-        add("collectives", f"collectives, {ranks} ranks, {sweeps}",
-            _sweep(kind, size, ranks, common))
+        n = size.collective_launches
+        for r in range(1, n + 1):
+            add("collectives", f"collectives, {ranks} ranks, {sweeps}"
+                + (f" ({r} of {n})" if n > 1 else ""), _sweep(kind, size, ranks, common), r)
     for w in names[:size.compute_workloads]:
         b = load_workload(w).batch_size
         batches = sorted({max(1, b // 4), max(1, b // 2), b})
@@ -182,10 +192,24 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     return _interleave_training(out, f"ddp-{names[0]}")
 
 
+def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:
+    """The single-node collective launches spread over the other measurements: the first
+    before them, the others after equal shares of them (the multi-node launch stays first)."""
+    launches = [m for m in rest if m.key.rsplit("-", 1)[0] == "collectives"]
+    if len(launches) < 2:
+        return rest
+    first = [m for m in rest if m.key.startswith("collectives-nodes")]
+    others = [m for m in rest if m not in launches and m not in first]
+    share = -(-len(others) // len(launches))        # ceil: every launch but the first follows
+    chunks = [others[i * share:(i + 1) * share] for i in range(len(launches))]
+    return first + [m for launch, chunk in zip(launches, chunks, strict=True)
+                    for m in (launch, *chunk)]
+
+
 def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:
     """The suite with the repeats of `repeated` alternating with the other training runs."""
     training = [m for m in out if m.config["kind"] in ("ddp", "fsdp", "ps")]
-    rest = [m for m in out if m not in training]
+    rest = _spread_collectives([m for m in out if m not in training])
     repeats = [m for m in training if m.key.rsplit("-", 1)[0] == repeated]
     others = [m for m in training if m not in repeats]
     return tuple(rest + interleave([repeats, others]))
