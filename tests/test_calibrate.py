@@ -193,7 +193,7 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     # the network in 3 launches of one sweep, spread over the suite (not one machine state)
     where = [i for i, m in enumerate(full) if m.config["kind"] == "collectives"]
     assert len(where) == 3 and where[0] == 0
-    assert all(b - a > 1 for a, b in zip(where, where[1:]))
+    assert all(b - a > 1 for a, b in zip(where, where[1:], strict=False))
     assert all(m.config["ops"] == ["all-reduce", "all-gather", "reduce-scatter"]
                for m in full if m.config["kind"] == "collectives")
     assert len({json.dumps(m.config, sort_keys=True) for m in full
