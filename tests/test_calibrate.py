@@ -177,7 +177,13 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
              if (m.config.get("options") or {}).get("compute", {}).get("concurrent")]
     assert [m.nproc for m in cores] == [1, 2, 3, 1, 2, 3]
     assert all(m.oversubscribe and m.optional for m in cores)
-    assert not any(m.optional for m in full if m not in cores)
+    launches = [m for m in full if m.config["kind"] == "collectives"]
+    assert [m.optional for m in launches] == [False, True, True]
+    from calibration.suite import comparable as same
+    older = json.loads(json.dumps(launches[0].config))
+    older["ops"] = older["ops"] * 3          # a store's one launch of three sweeps
+    assert same(older) == same(launches[0].config)
+    assert not any(m.optional for m in full if m not in cores and m not in launches)
     assert not any(m.oversubscribe for m in full if m not in cores)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
