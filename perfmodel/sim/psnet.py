@@ -134,8 +134,7 @@ class Layout:
             self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
             self.device_of_server = [self._host(k, workers, per_node) for k in range(servers)]
         self.nodes = hw.nodes
-        self.devices = workers + max(hw.server_devices, len(set(self.device_of_server)
-                                                           - set(range(workers))))
+        self.devices = max(workers, *(d + 1 for d in self.device_of_server))   # pool slots
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
         # = 2 nodes + 2d, in = 2 nodes + 2d + 1
         self.pool_bandwidth_Bps = ([cluster.inter_node.bandwidth_GBps * 1e9] * (2 * self.nodes)
