@@ -34,7 +34,7 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
-from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
+from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
 from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -159,26 +159,27 @@ class DDP:
         cluster = scenario.cluster
         return cluster.ranks_busy(min(scenario.workers, cluster.devices_per_node))
 
-    def in_flight(self, scenario: Scenario) -> float:
-        """Share of backward during which all-reduces are in flight (compute/in_flight_fraction)."""
+    def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
+        """Share of backward during which all-reduces are in flight (compute/in_flight_fraction);
+        `alone`: the unit times without the overlap slowdown, if already computed."""
         if scenario.workers < 2:
             return 0.0
-        alone = unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
-                           busy=self.busy(scenario))
+        alone = alone or unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
+                                    busy=self.busy(scenario))
         _, _, durations = self._wire(scenario, alone.backward_s)
         return in_flight_fraction(float(durations.sum()), float(alone.backward_s.sum()))
 
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
         # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
+        plain = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           busy=self.busy(scenario))
         times = unit_times(cluster, scenario.workload, scenario.batch_size,
                            overlapped=("backward",) if n > 1 else (),
-                           in_flight=self.in_flight(scenario), busy=self.busy(scenario))
+                           in_flight=self.in_flight(scenario, plain), busy=self.busy(scenario))
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         # The overlap slowdown lasts as long as the all-reduces are in flight, which a slow
         # or jittery worker does not lengthen: it is added to, not scaled with, its compute.
-        plain = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           busy=self.busy(scenario))
         plain_s = float(plain.forward_s.sum() + plain.backward_s.sum())
         overlap_extra_s = forward_s + backward_s - plain_s
         buckets, wire_bytes, durations = self._wire(scenario, times.backward_s)

@@ -42,7 +42,7 @@ import numpy as np
 
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
-from perfmodel.sim.compute import StepNoise, in_flight_fraction, unit_times
+from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
 from perfmodel.sim.cores import ranks_note
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
@@ -120,7 +120,7 @@ class FSDP:
         """Whether collectives block the rank: where communication is CPU-driven (gloo)."""
         return cluster.comm_cpu_cores_per_node > 0
 
-    def in_flight(self, scenario: Scenario) -> float:
+    def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
         """Share of forward + backward during which all-gathers and reduce-scatters are in
         flight (compute/in_flight_fraction): their seconds over the passes' seconds."""
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
@@ -130,8 +130,9 @@ class FSDP:
         gathers = sum(allgather_s(cluster, n, u.params * p.compute_bytes) for u in wl.units)
         scatters = sum(reduce_scatter_s(cluster, n, u.params * p.reduce_bytes) for u in wl.units)
         comm_s = (2 if self.options.variant == "full-shard" else 1) * gathers + scatters
-        alone = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
+        alone = alone or unit_times(cluster, wl, scenario.batch_size,
+                                    optimizer_param_fraction=1.0 / n,
+                                    busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
         return in_flight_fraction(comm_s, float(alone.forward_s.sum() + alone.backward_s.sum()))
 
     def simulate(self, scenario: Scenario) -> SimResult:
@@ -148,14 +149,14 @@ class FSDP:
         regather = self.options.variant == "full-shard"
         # Compute runs slower while collectives are in flight (compute.overlap_slowdown).
         # Blocking (gloo) collectives overlap nothing, so they slow nothing either.
+        busy = cluster.ranks_busy(min(n, cluster.devices_per_node))
+        plain = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
+                           busy=busy)
         times = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
                            overlapped=("forward", "backward") if n > 1 and not blocking
-                           else (), in_flight=self.in_flight(scenario),
-                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
-        # The overlap slowdown lasts as long as collectives are in flight, which a slow or
-        # jittery worker does not lengthen: added to each pass, not scaled with it.
-        plain = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=1.0 / n,
-                           busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
+                           else (), in_flight=self.in_flight(scenario, plain), busy=busy)
+        # The slowdown lasts as long as collectives are in flight, which a slow or jittery
+        # worker does not lengthen: added to each pass, not scaled with it.
         extra_f = times.forward_s - plain.forward_s
         extra_b = times.backward_s - plain.backward_s
 

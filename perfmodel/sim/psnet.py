@@ -123,16 +123,17 @@ class Layout:
         if hw.placement == "dedicated":
             self.node_of_server = [hw.worker_nodes + k for k in range(servers)]
             self.device_of_server = [workers + k for k in range(servers)]
-        elif cluster.compute_cpu_cores_per_node > 0:
-            # A CPU host: a colocated server is a process of its own beside the workers
-            # (measure/runs/ps.py's rank 0), so even the worker it shares cores with reaches
-            # it over the intra-node link (loopback): it gets a device slot (pools) of its
-            # own, but no hardware of its own and shares its node's cores (ps.py).
-            self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
-            self.device_of_server = [workers + k for k in range(servers)]
         else:
             self.node_of_server = [k % hw.worker_nodes for k in range(servers)]
-            self.device_of_server = [self._host(k, workers, per_node) for k in range(servers)]
+            if cluster.compute_cpu_cores_per_node > 0:
+                # A CPU host: a colocated server is a process of its own beside the workers
+                # (measure/runs/ps.py's rank 0), so even the worker it shares cores with
+                # reaches it over the intra-node link (loopback): a device slot (pools) of its
+                # own, but no hardware of its own; it shares its node's cores (ps.py).
+                self.device_of_server = [workers + k for k in range(servers)]
+            else:
+                self.device_of_server = [self._host(k, workers, per_node)
+                                         for k in range(servers)]
         self.nodes = hw.nodes
         self.devices = max(workers, *(d + 1 for d in self.device_of_server))   # pool slots
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
