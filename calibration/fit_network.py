@@ -12,6 +12,7 @@ collective of n bytes over p ranks packed onto k nodes takes
     reduce-scatter   p−1        k−1                (p−1)/p     n = the input
     broadcast        p−1        k−1                1           pipelined ring (NCCL)
     send-recv        1          1                  1
+    ping-pong        1          1                  1           one way, half a round trip
 
 with β(n) = 1 / (bandwidth_GBps·1e9 · efficiency(n)) of the slowest link the ring uses, the
 efficiency looked up at n (cluster.Link.seconds_per_byte). Single-node measurements fit
@@ -28,13 +29,20 @@ was measured at enough sizes beside other kinds, α, β and the curve are fitted
 alone (the kind DDP uses) and each other kind gets a time factor, the geometric median of its
 measured / modelled times (`Link.time_factor_by_op`); the residuals by kind are taken after
 the factors.
+
+One-way point-to-point messages (ping-pong, the push and pull of a parameter server) are no
+ring step: gloo over loopback moved them at ~0.2 ms and ~1.8 GB/s where the all-reduce fit
+said 0.7 ms and 1.2 GB/s (its α is a ring step's wake-up). Where a scope has ping-pong
+timings at >= MIN_SIZES sizes they get an α–β fit of their own (`LinkFit.p2p`, the profile's
+`[<scope>.p2p]`) and take no part in the collective fit; otherwise messages use the
+collective fit, as before.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -45,6 +53,7 @@ from perfmodel.sim.collectives import busbw_factor, ring_steps
 
 SCOPES = ("intra_node", "inter_node")
 REFERENCE_OP = "all-reduce"  # fitted for α, β and the curve when other kinds get factors
+P2P_OP = "ping-pong"         # one-way messages: fitted apart (LinkFit.p2p)
 MIN_SIZES = 3                # distinct message sizes needed per scope to separate α from β
 
 
@@ -70,18 +79,37 @@ class LinkFit:
     curve_fitted: bool                               # False: flat, the residuals showed none
     by_op: dict[str, Residual]                       # how well the one model fits each op
     time_factor_by_op: dict[str, float] = field(default_factory=dict)   # see the docstring
+    p2p: LinkFit | None = None                       # ping-pong's own fit (see the docstring)
 
     @property
     def results(self) -> tuple[FitResult, ...]:
-        return (self.latency_us, self.bandwidth_GBps)
+        own = (self.latency_us, self.bandwidth_GBps)
+        return own if self.p2p is None else own + self.p2p.results
 
 
 def fit_network(samples: Sequence[CollectiveSample]) -> dict[str, LinkFit]:
-    """Fit `intra_node` from single-node samples, then `inter_node` if there are any over nodes."""
-    fits = {"intra_node": fit_link(samples, "intra_node")}
-    if any(s.nodes > 1 and s.ranks > 1 for s in samples):
-        fits["inter_node"] = fit_link(samples, "inter_node", intra=fits["intra_node"])
+    """Fit `intra_node` from single-node samples, then `inter_node` if there are any over
+    nodes; each with a p2p fit of its own where it has ping-pong timings at enough sizes."""
+    rings = [s for s in samples if s.op != P2P_OP]
+    fits = {"intra_node": _with_p2p(fit_link(rings, "intra_node"), samples)}
+    if any(s.nodes > 1 and s.ranks > 1 for s in rings):
+        fits["inter_node"] = _with_p2p(
+            fit_link(rings, "inter_node", intra=fits["intra_node"]), samples)
     return fits
+
+
+def _with_p2p(fit: LinkFit, samples: Sequence[CollectiveSample]) -> LinkFit:
+    """`fit` with the p2p fit of its scope's ping-pong timings, if >= MIN_SIZES sizes."""
+    inter = fit.scope == "inter_node"
+    use = [s for s in samples if s.op == P2P_OP and s.ranks > 1 and (s.nodes > 1) == inter]
+    if len({s.bytes for s in use}) < MIN_SIZES:
+        return fit
+    p2p = fit_link(use, fit.scope)
+    name = f"{fit.scope}.p2p"
+    return replace(fit, p2p=replace(
+        p2p, scope=name,
+        latency_us=replace(p2p.latency_us, parameter=f"{name}.latency_us"),
+        bandwidth_GBps=replace(p2p.bandwidth_GBps, parameter=f"{name}.bandwidth_GBps")))
 
 
 def fit_link(samples: Sequence[CollectiveSample], scope: str = "intra_node",

@@ -7,7 +7,7 @@ on the server's link, α + n·β(n) (perfmodel/sim/collectives.py `link_transfer
 
 - `fit_server_apply`: apply_GBps through the origin from timed updates (bytes, seconds).
 - `fit_push_link`: a full α–β fit of the server's link from pushes of >= 3 sizes, the same
-  fit as a send/recv sweep (calibration/fit_network.py).
+  fit as a ping-pong sweep (calibration/fit_network.py, `LinkFit.p2p`).
 - `fit_push_rate`: with pushes of one size (one model), the rate left once α (from the
   collective fit of the same link) is taken off: a check of the link's bandwidth x efficiency
   at that size, which is all one size can tell.
@@ -38,7 +38,7 @@ def fit_push_link(push_bytes: Sequence[float], push_s: Sequence[float],
     seconds = check_measurements(push_s, "push seconds")
     _same_length(nbytes, seconds)
     nodes = 2 if scope == "inter_node" else 1
-    samples = [CollectiveSample(op="send-recv", ranks=2, bytes=float(b), time_s=float(t),
+    samples = [CollectiveSample(op="ping-pong", ranks=2, bytes=float(b), time_s=float(t),
                                 nodes=nodes) for b, t in zip(nbytes, seconds, strict=True)]
     return fit_link(samples, scope)
 

@@ -510,7 +510,7 @@ def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str,
     for r in runs:
         w: Workload = load_workload(r.row.workload)
         waits = [float(s["comm_wait_s"]) for s in r.table("steps")]
-        link = getattr(cluster, cluster.server.link)
+        link = getattr(cluster, cluster.server.link).point_to_point()   # one-way messages
         if waits and int(r.row.workers) == 1:        # alone: no queue at the server
             # the apply as the simulation charges it (perfmodel/sim/ps.py): the workload's
             # optimizer over the one server's parameters, all of them

@@ -44,6 +44,7 @@ MEASURABLE_FIELDS = (
     "compute.efficiency_by_flops", "compute.overhead_us_per_unit", "compute.optimizer_GBps",
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
+    "intra_node.p2p", "inter_node.p2p",
 )
 
 
@@ -162,6 +163,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         if link is not None:
             measured += [f"{link.scope}.bandwidth_GBps", f"{link.scope}.latency_us",
                          f"{link.scope}.efficiency_by_bytes"]
+            measured += [f"{link.scope}.p2p"] if link.p2p is not None else []
             results += link.results
     if fits.compute is not None:
         measured += ["compute.efficiency_by_flops", "compute.overhead_us_per_unit"]
@@ -203,12 +205,15 @@ def _curve(points) -> list[list[float]]:
 
 def _link(fit: LinkFit | None, base: Link) -> dict[str, Any]:
     if fit is None:
-        return {"bandwidth_GBps": base.bandwidth_GBps, "latency_us": base.latency_us,
-                "efficiency_by_bytes": _curve(base.efficiency_by_bytes)}
+        out = {"bandwidth_GBps": base.bandwidth_GBps, "latency_us": base.latency_us,
+               "efficiency_by_bytes": _curve(base.efficiency_by_bytes)}
+        return out | ({"p2p": _link(None, base.p2p)} if base.p2p is not None else {})
     out = {"bandwidth_GBps": fit.bandwidth_GBps.value, "latency_us": fit.latency_us.value,
            "efficiency_by_bytes": _curve(fit.efficiency_by_bytes)}
     if fit.time_factor_by_op:
         out["time_factor_by_op"] = dict(fit.time_factor_by_op)
+    if fit.p2p is not None:
+        out["p2p"] = _link(fit.p2p, base)
     return out
 
 

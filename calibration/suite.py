@@ -3,7 +3,8 @@
 Each `Measurement` is one real run (measure/configs.py builds its config.json) and says what
 it feeds (calibration/from_store.py):
 
-- collectives: an nccl-tests-style sweep of all-reduce, all-gather and reduce-scatter at the
+- collectives: an nccl-tests-style sweep of all-reduce, all-gather, reduce-scatter and
+  ping-pong (one-way messages: a parameter server's pushes and pulls, fitted apart) at the
   node's ranks (2 on a CPU host, every GPU on a GPU host), sizes spanning what the workloads
   communicate (CPU: 1 KiB to 16 MiB — mlp's 12.9 MB of gradients, cnn-small's 2.5 MB, FSDP
   units down to kilobytes; GPU: to 256 MiB, nccl-tests' default end), in
@@ -62,7 +63,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.workload import load_workload
 
 REUSE_MAX_AGE = dt.timedelta(hours=24)
-COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "ping-pong")
 # The first runs DDP repeatedly and the PS check: cnn-small trains on synthetic batches, so
 # its runs skip the scikit-learn import that mlp's digits data costs (~5 s on a busy host).
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
@@ -240,11 +241,13 @@ def comparable(config: dict[str, Any]) -> str:
     server's evaluation schedule left out too, so a run stored before the PS check stopped
     evaluating inside its round trips still stands for it (its check then says loudly that
     the round trip is off); and a collectives launch of several sweeps stands for one of a
-    single sweep (stores from before the launches were spread over the suite)."""
+    single sweep (stores from before the launches were spread over the suite); and ping-pong
+    left out of the op list, so a launch stored before it joined the sweep still stands for
+    one (the calibration then has no p2p fit, and messages use the collective fit)."""
     clean = json.loads(json.dumps(config))
     if clean.get("kind") == "collectives" and isinstance(clean.get("ops"), list):
         # several sweeps in one launch stand for one (the op list repeated: A, B, A, B)
-        clean["ops"] = list(dict.fromkeys(clean["ops"]))
+        clean["ops"] = [op for op in dict.fromkeys(clean["ops"]) if op != "ping-pong"]
     clean.pop("oversubscribed", None)
     clean.pop("protocol", None)         # the load and pinning a run saw (measure/protocol.py)
     ((clean.get("options") or {}).get("ps") or {}).pop("eval_every", None)

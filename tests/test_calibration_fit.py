@@ -95,6 +95,31 @@ def test_network_fit_keeps_a_flat_link_flat():
     assert set(f.by_op) == set(OPS)
 
 
+def test_ping_pong_gets_a_fit_of_its_own_and_leaves_the_collective_fit_alone():
+    # one-way messages with their own alpha and bandwidth (gloo loopback: ~0.2 ms, ~1.8 GB/s
+    # against the all-reduce fit's ~0.7 ms, ~1.2 GB/s): a p2p fit recovers them within the
+    # fit tolerance, and the collective parameters are what they are without ping-pong
+    truth = truth_cluster(curve=((1.0, 1.0),))
+    p2p = Link(bandwidth_GBps=3.0, latency_us=50.0, efficiency_by_bytes=((1.0, 1.0),))
+    rng = np.random.default_rng(3)
+    rings = sweep(truth, rng, ranks=(2,))
+    pings = [CollectiveSample(op="ping-pong", ranks=2, bytes=float(n),
+                              time_s=(50e-6 + n / 3e9) * (1 + NOISE * rng.normal()))
+             for n in SIZES for _ in range(2)]
+    alone = fit_network(rings)["intra_node"]
+    both = fit_network(rings + pings)["intra_node"]
+    assert alone.p2p is None and both.p2p is not None
+    assert both.latency_us == alone.latency_us and both.bandwidth_GBps == alone.bandwidth_GBps
+    assert "ping-pong" not in both.by_op and "ping-pong" not in both.time_factor_by_op
+    assert both.p2p.latency_us.value == pytest.approx(p2p.latency_us, rel=PARAM_TOL)
+    assert both.p2p.bandwidth_GBps.value == pytest.approx(p2p.bandwidth_GBps, rel=PARAM_TOL)
+    assert both.p2p.latency_us.parameter == "intra_node.p2p.latency_us"
+    assert both.p2p.results[0] in both.results                  # its residuals are reported
+    # fewer than 3 sizes of ping-pong: no p2p fit, messages keep the collective fit
+    few = [s for s in pings if s.bytes in SIZES[:2]]
+    assert fit_network(rings + few)["intra_node"].p2p is None
+
+
 def test_too_few_sizes_names_the_scope_and_what_was_found():
     samples = [CollectiveSample(op="all-reduce", ranks=2, bytes=1024.0, time_s=t)
                for t in (1e-3, 1.1e-3)]

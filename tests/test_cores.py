@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from perfmodel.cluster import Link
 from perfmodel.sim import cores
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import unit_times
@@ -225,6 +226,15 @@ def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback(
         assert len(result.comms) > 0
         steps = [s.end_s - s.start_s for s in result.steps if s.step >= 2]
         assert np.mean(steps) == pytest.approx(expected + extra, rel=1e-6), strategy.name
+    # with a ping-pong fit of its own (Link.p2p), every push and pull is charged that
+    # message's alpha + n beta instead of the all-reduce fit's
+    p2p = Link(bandwidth_GBps=1.8, latency_us=200.0, efficiency_by_bytes=((1.0, 1.0),))
+    own = dataclasses.replace(host, intra_node=dataclasses.replace(host.intra_node, p2p=p2p))
+    result = AsyncPS().simulate(dataclasses.replace(sc, cluster=own))
+    steps = [s.end_s - s.start_s for s in result.steps if s.step >= 2]
+    assert np.mean(steps) == pytest.approx(
+        expected - 2 * link_transfer_s(host.intra_node, nbytes) + 2 * (200e-6 + nbytes / 1.8e9),
+        rel=1e-6)
     # a GPU: a colocated server on the worker's own device needs no transfer at all
     gpu = Scenario(cluster=make_cluster("a100"), workload=WORKLOAD, workers=1, batch_size=32,
                    jitter="none")

@@ -25,7 +25,8 @@ REL_TOL = 1e-9              # busbw is computed from algbw: equal up to float ro
 NCCL_TESTS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n,
                      "all-gather": lambda n: (n - 1) / n,
                      "reduce-scatter": lambda n: (n - 1) / n,
-                     "broadcast": lambda n: 1.0, "send-recv": lambda n: 1.0}
+                     "broadcast": lambda n: 1.0, "send-recv": lambda n: 1.0,
+                     "ping-pong": lambda n: 1.0}   # OSU osu_latency: one way, S / t
 CAP_GBPS_TOLERANCE = 0.15   # TCP/IP headers and tbf bursts: measured within 15 % of the cap
 
 
@@ -138,12 +139,12 @@ def test_measure_collectives_command_stores_the_run_and_prints_json(tmp_path, mo
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))      # run directories go here
     db = tmp_path / "m.sqlite"
     result = CliRunner().invoke(cli, ["measure", "collectives", "--workers", "2", "--ops",
-                                      "all-reduce,send-recv", "--max-bytes", "1K",
+                                      "all-reduce,send-recv,ping-pong", "--max-bytes", "1K",
                                       "--factor", "4", "--iters", "2", "--db", str(db),
                                       "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["status"] == "ok" and out["kind"] == "collectives"
     assert [(c["op"], c["bytes"]) for c in out["collectives"]] == [
-        (op, s) for op in ("all-reduce", "send-recv") for s in (8, 32, 128, 512)]
+        (op, s) for op in ("all-reduce", "send-recv", "ping-pong") for s in (8, 32, 128, 512)]
     assert [r.id for r in Store(db).list_runs(kind="collectives")] == [out["run_id"]]

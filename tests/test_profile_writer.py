@@ -173,6 +173,29 @@ def test_toml_text_round_trips(data):
     assert tomllib.loads(to_toml(data)) == data
 
 
+def test_a_ping_pong_fit_is_written_as_the_links_p2p_table(fits, profiles):
+    import dataclasses
+
+    from calibration.fit_network import CollectiveSample
+    pings = [CollectiveSample(op="ping-pong", ranks=2, bytes=float(n), time_s=50e-6 + n / 3e9)
+             for n in (1e3, 1e5, 1e7)]
+    rings = sweep(truth_cluster(), np.random.default_rng(1), ranks=(2,))
+    intra = fit_network(rings + pings)["intra_node"]
+    data = build_profile("local", load_cluster("local"),
+                         dataclasses.replace(fits, intra_node=intra), INFO)
+    c = load_cluster(str(write_profile(data, now=NOW).path))
+    assert c.intra_node.p2p.latency_us == intra.p2p.latency_us.value
+    assert c.intra_node.p2p.bandwidth_GBps == intra.p2p.bandwidth_GBps.value
+    assert c.intra_node.point_to_point() is c.intra_node.p2p
+    assert c.inter_node.p2p is None and c.inter_node.point_to_point() is c.inter_node
+    assert "intra_node.p2p" not in data["calibration"]["unmeasured"]
+    assert "intra_node.p2p.latency_us" in data["calibration"]["residuals"]
+    # one message is no collective: a p2p table with time factors is refused
+    data["intra_node"]["p2p"]["time_factor_by_op"] = {"all-reduce": 2.0}
+    with pytest.raises(PerfmodelError, match="intra_node.p2p.time_factor_by_op"):
+        parse_profile(data, profiles / "bad.toml")
+
+
 def test_a_time_factor_for_an_unknown_collective_is_refused(tmp_path):
     data = tomllib.loads((Path(load_cluster("local").path)).read_text())
     data["intra_node"]["time_factor_by_op"] = {"all-to-all": 2.0}

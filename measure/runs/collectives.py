@@ -6,9 +6,12 @@ slowest rank's mean (an all-reduce MAX) as the time t. As nccl-tests (doc/PERFOR
 S is the total size (all-reduce: the buffer; all-gather: the gathered output; reduce-scatter:
 the input; broadcast and send/recv: the buffer), algbw = S / t and busbw = algbw x factor,
 the factor from `perfmodel.sim.collectives.busbw_factor` (2(n-1)/n for all-reduce, (n-1)/n
-for all-gather and reduce-scatter, 1 for broadcast and send/recv). send/recv pairs ranks
-2k and 2k+1, each sending S bytes to and receiving S bytes from its partner at once; an
-unpaired last rank sits out. Rank 0 writes one "collective" record per op and size.
+for all-gather and reduce-scatter, 1 for broadcast, send/recv and ping-pong). send/recv
+pairs ranks 2k and 2k+1, each sending S bytes to and receiving S bytes from its partner at
+once. ping-pong pairs them the same way: 2k sends S bytes to 2k+1, which sends them back;
+its t is one way, half the round trip (OSU's osu_latency): the point-to-point message a
+parameter server's push or pull is. An unpaired last rank sits out of both. Rank 0 writes
+one "collective" record per op and size.
 
 config keys (None or absent = the default for the device): ops, min_bytes, max_bytes,
 factor, iters, warmup_iters, dtype.
@@ -21,7 +24,9 @@ import time
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import busbw_factor
 
-OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv")
+OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv", "ping-pong")
+PAIRED = ("send-recv", "ping-pong")
+LEGS = {"ping-pong": 2}                              # messages one timed call sends in turn
 REDUCING = ("all-reduce", "reduce-scatter")          # nccl-tests' redop column: sum
 SHARDED = ("all-gather", "reduce-scatter")           # S must split evenly across ranks
 # Defaults: nccl-tests' usual 8 B .. 256 MiB x2 on GPUs; on CPU (gloo over loopback at about
@@ -92,7 +97,7 @@ def run(ctx) -> None:
     sync = torch.cuda.synchronize if ctx.device.startswith("cuda") else (lambda: None)
     sizes = message_sizes(s["min_bytes"], s["max_bytes"], s["factor"])
     for op in s["ops"]:
-        if op == "send-recv" and n < 2:
+        if op in PAIRED and n < 2:
             continue
         for size in op_sizes(op, sizes, elem, n):
             call = _make_call(op, size // elem, dtype, ctx.device, rank, n, torch, dist)
@@ -104,8 +109,8 @@ def run(ctx) -> None:
             for _ in range(s["iters"]):
                 call()
             sync()
-            mine = torch.tensor([(time.perf_counter() - t0) / s["iters"]], dtype=torch.float64,
-                                device=ctx.device)
+            per_call = (time.perf_counter() - t0) / s["iters"] / LEGS.get(op, 1)
+            mine = torch.tensor([per_call], dtype=torch.float64, device=ctx.device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)     # the slowest rank's time
             if rank == 0:
                 time_s = mine.item()
@@ -140,6 +145,17 @@ def _make_call(op: str, count: int, dtype, device: str, rank: int, n: int, torch
     if partner >= n:
         return lambda: None
     send, recv = buf(count), buf(count)
+    if op == "ping-pong":
+        first = rank % 2 == 0
+
+        def ping_pong():
+            if first:
+                dist.send(send, partner)
+                dist.recv(recv, partner)
+            else:
+                dist.recv(recv, partner)
+                dist.send(send, partner)
+        return ping_pong
 
     def exchange():
         reqs = [dist.isend(send, partner), dist.irecv(recv, partner)]

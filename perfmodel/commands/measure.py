@@ -24,6 +24,7 @@ from measure.configs import (
     training_config,
 )
 from measure.configs import torchrun_args as make_torchrun_args
+from measure.runs.collectives import OPS as COLLECTIVE_OPS
 from measure.store import Store
 from measure.summary import render, summarize
 from perfmodel.commands.errors import check_run
@@ -143,8 +144,8 @@ def execute(config: dict, nproc: int, *, progress_total: int, db, oversubscribe,
 @command.command("collectives")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True,
               help="Ranks taking part.")
-@click.option("--ops", default="all-reduce,all-gather,reduce-scatter,broadcast,send-recv",
-              show_default=True, help="Comma-separated collectives.")
+@click.option("--ops", default=",".join(COLLECTIVE_OPS), show_default=True,
+              help="Comma-separated collectives; ping-pong times one way of a round trip.")
 @click.option("--min-bytes", default="8", show_default=True, help="Smallest size S (8, 64K, 1M).")
 @click.option("--max-bytes", default=None, help="Largest size S [256M on GPUs, 64M on CPU].")
 @click.option("--factor", type=click.IntRange(2), default=2, show_default=True,
@@ -161,7 +162,9 @@ def collectives(workers, ops, min_bytes, max_bytes, factor, iters, warmup_iters,
 
     For each collective and size S: warm-up, then timed iterations; the slowest rank's time
     per iteration t; algbw = S/t and busbw = algbw x factor (2(n-1)/n all-reduce, (n-1)/n
-    all-gather and reduce-scatter, 1 broadcast and send/recv).
+    all-gather and reduce-scatter, 1 broadcast, send/recv and ping-pong). ping-pong's t is
+    one way, half a round trip between rank pairs (OSU's osu_latency): the message a
+    parameter server's push or pull is.
 
     \b
     Examples:

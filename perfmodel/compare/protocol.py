@@ -207,8 +207,12 @@ def cluster_for(h: HeldOut, profile: ClusterProfile) -> ClusterProfile:
         cluster = dataclasses.replace(cluster, compute=dataclasses.replace(
             cluster.compute, overlap_slowdown=1.0), compute_occupies_cores=False)
     if h.link_rate_Gbps:
-        capped = Link(bandwidth_GBps=h.link_rate_Gbps / 8.0,
-                      latency_us=profile.intra_node.latency_us, efficiency_by_bytes=((1.0, 1.0),))
+        def cap(link: Link) -> Link:
+            return Link(bandwidth_GBps=h.link_rate_Gbps / 8.0, latency_us=link.latency_us,
+                        efficiency_by_bytes=((1.0, 1.0),))
+        p2p = profile.intra_node.p2p
+        capped = dataclasses.replace(cap(profile.intra_node),
+                                     p2p=None if p2p is None else cap(p2p))
         cluster = dataclasses.replace(cluster, devices_per_node=1, inter_node=capped)
     return cluster
 

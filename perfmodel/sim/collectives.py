@@ -60,6 +60,7 @@ _BUSBW_FACTORS = {
     "reduce-scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "send-recv": lambda n: 1.0,
+    "ping-pong": lambda n: 1.0,
 }
 # (steps, steps that cross a node boundary) of each collective's ring over p ranks on k nodes
 _RING_STEPS = {
@@ -68,6 +69,7 @@ _RING_STEPS = {
     "reduce-scatter": lambda p, k: (p - 1, k - 1),
     "broadcast": lambda p, k: (p - 1, k - 1),      # pipelined ring (NCCL)
     "send-recv": lambda p, k: (1, 1 if k > 1 else 0),
+    "ping-pong": lambda p, k: (1, 1 if k > 1 else 0),      # one way: half the round trip
 }
 
 

@@ -9,6 +9,8 @@ server k crosses w's node NIC out and k's node NIC in; a pull the reverse; the w
 node share their node's NIC. A worker and a server on the same node talk over the intra-node
 link instead (w's device out, the server's device in); on the same device, not at all
 (a GPU); on a CPU host a server is a process of its own and always crosses loopback.
+Every message is one-way point to point, so it sees a link as a ping-pong sweep does
+(`Link.point_to_point`: its own α and bandwidth where calibrated, else the collective fit's).
 
 Placement (`--server-placement`):
 - dedicated: server k is an extra node with its own NIC and one server device; the hardware
@@ -138,9 +140,11 @@ class Layout:
         self.devices = max(workers, *(d + 1 for d in self.device_of_server))   # pool slots
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
         # = 2 nodes + 2d, in = 2 nodes + 2d + 1
-        self.pool_bandwidth_Bps = ([cluster.inter_node.bandwidth_GBps * 1e9] * (2 * self.nodes)
-                                   + [cluster.intra_node.bandwidth_GBps * 1e9]
-                                   * (2 * self.devices))
+        # pushes and pulls are one-way messages: the links as a ping-pong sees them
+        self.inter, self.intra = (cluster.inter_node.point_to_point(),
+                                  cluster.intra_node.point_to_point())
+        self.pool_bandwidth_Bps = ([self.inter.bandwidth_GBps * 1e9] * (2 * self.nodes)
+                                   + [self.intra.bandwidth_GBps * 1e9] * (2 * self.devices))
 
     def shared(self, pool: int) -> bool:
         """Whether workers' traffic also uses this server-side pool (colocated servers)."""
@@ -161,9 +165,9 @@ class Layout:
         if worker == sd:                                  # colocated on this very device
             return Route((), 0.0, None)
         if wn == sn:
-            base, src, dst, link = 2 * self.nodes, worker, sd, self.cluster.intra_node
+            base, src, dst, link = 2 * self.nodes, worker, sd, self.intra
         else:
-            base, src, dst, link = 0, wn, sn, self.cluster.inter_node
+            base, src, dst, link = 0, wn, sn, self.inter
         if kind == "pull":
             src, dst = dst, src
         return Route((base + 2 * src, base + 2 * dst + 1), link.latency_s, link)
