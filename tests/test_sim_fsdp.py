@@ -92,15 +92,23 @@ def test_prefetch_overlaps_all_gathers_with_compute():
     assert step_times(none).mean() - step_times(one).mean() > 10 * gather
 
 
-def test_optimizer_updates_one_nth_of_the_parameters():
+@pytest.mark.parametrize("variant,gathers", [("full-shard", 2), ("grad-op", 1)])
+def test_optimizer_updates_one_nth_of_the_parameters_and_fsdp2_copies_every_buffer(
+        variant, gathers):
     cluster, wl = make_cluster(), make_workload(optimizer="adam")
     sc = scenario(cluster, wl, 4)
-    result = fsdp().simulate(sc)
+    result = fsdp(variant).simulate(sc)
     # both passes as the simulator runs them: stretched while collectives are in flight
     expected = unit_times(cluster, wl, 8, optimizer_param_fraction=0.25,
                           overlapped=("forward", "backward"),
-                          in_flight=fsdp().in_flight(sc)).step_s
-    assert [r.compute_s for r in result.steps] == pytest.approx([expected] * 16, rel=REL)
+                          in_flight=fsdp(variant).in_flight(sc)).step_s
+    # FSDP2 (_fsdp_collectives.py): per all-gather the shard copied in and the whole
+    # output copied out, per reduce-scatter the whole gradient copied in and the reduced
+    # shard divided; each at the optimizer's streaming rate (bytes counted once)
+    whole = wl.params * 4                                      # fp32 params and gradients
+    copies = (gathers + 1) * (whole + whole / 4) / (cluster.compute.optimizer_GBps * 1e9)
+    assert [r.compute_s for r in result.steps] == pytest.approx([expected + copies] * 16,
+                                                                rel=REL)
 
 
 def test_staleness_zero_and_records_complete():
