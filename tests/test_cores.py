@@ -242,3 +242,32 @@ def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback(
                    jitter="none")
     assert all(c.bytes == 0 or c.end_s == c.start_s for c in AsyncPS(AsyncPS.Options(
         server_placement="colocated")).simulate(gpu).comms)
+
+
+def test_a_cpu_hosts_server_receives_and_sends_one_message_at_a_time():
+    # measure/runs/ps.py's server is one thread: a blocking recv, the apply, a blocking send.
+    # On its loopback slot a push in and a pull out share one pool; GPU servers keep both.
+    from perfmodel.sim import psnet
+    host = cpu_host(2)
+    layout = psnet.Layout(host, 4, psnet.hardware(host, WORKLOAD, 4, 1, "colocated"))
+    push, pull = layout.route(0, 0, "push"), layout.route(1, 0, "pull")
+    assert push.pools[1] == pull.pools[0]                     # the server's one slot
+    assert layout.route(0, 0, "pull").pools[1] != push.pools[0]   # each worker: both ways
+    gpu = make_cluster("a100")
+    g = psnet.Layout(gpu, 4, psnet.hardware(gpu, WORKLOAD, 4, 1, "dedicated"))
+    assert g.route(0, 0, "push").pools[1] != g.route(1, 0, "pull").pools[0]
+    # with zero compute, the server's slot carries a push and a pull per update, in turn:
+    # any 4 updates of 4 workers take at least 4 pushes + 4 pulls (full duplex: 4 pushes)
+    free = dataclasses.replace(host, compute=dataclasses.replace(
+        host.compute, overhead_us_per_unit=0.0, optimizer_GBps=1e30, launch_us_per_kernel=0.0),
+        device=dataclasses.replace(host.device, peak_TFLOPS={"fp32": 1e30, "bf16": 1e30}),
+        server=dataclasses.replace(host.server, apply_GBps=1e30))
+    sc = Scenario(cluster=free, workload=WORKLOAD, workers=4, batch_size=32, jitter="none",
+                  steps=20, warmup_steps=5)
+    result = AsyncPS().simulate(sc)
+    times = sorted(u.time_s for u in result.updates if u.step >= 5)
+    from perfmodel.sim.collectives import link_transfer_s
+    nbytes = WORKLOAD.params * 4
+    transfer = link_transfer_s(free.intra_node, nbytes) - free.intra_node.latency_s
+    gaps = [b - a for a, b in zip(times, times[4:], strict=False)]
+    assert min(gaps) >= 8 * transfer * (1 - 1e-9)

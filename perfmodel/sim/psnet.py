@@ -8,7 +8,9 @@ served (ps.py `_PSRun.transfer`). A push from worker w to
 server k crosses w's node NIC out and k's node NIC in; a pull the reverse; the workers of one
 node share their node's NIC. A worker and a server on the same node talk over the intra-node
 link instead (w's device out, the server's device in); on the same device, not at all
-(a GPU); on a CPU host a server is a process of its own and always crosses loopback.
+(a GPU); on a CPU host a server is a process of its own and always crosses loopback, and
+its loopback slot is one pool for both directions: measure/runs/ps.py's server is one thread
+(blocking recv, apply, blocking send), so it never receives and sends at once.
 Every message is one-way point to point, so it sees a link as a ping-pong sweep does
 (`Link.point_to_point`: its own α and bandwidth where calibrated, else the collective fit's).
 
@@ -136,6 +138,11 @@ class Layout:
             else:
                 self.device_of_server = [self._host(k, workers, per_node)
                                          for k in range(servers)]
+        # A CPU host's server is measure/runs/ps.py's process: one thread doing a blocking
+        # recv, the apply, then a blocking send, so on its own device slot it receives and
+        # sends one message at a time, not both at once: one pool for both directions.
+        # (GPU servers and NICs stay full duplex; MXNet/ps-lite servers overlap them.)
+        self.serial_server = cluster.compute_cpu_cores_per_node > 0
         self.nodes = hw.nodes
         self.devices = max(workers, *(d + 1 for d in self.device_of_server))   # pool slots
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
@@ -170,7 +177,10 @@ class Layout:
             base, src, dst, link = 0, wn, sn, self.inter
         if kind == "pull":
             src, dst = dst, src
-        return Route((base + 2 * src, base + 2 * dst + 1), link.latency_s, link)
+        out, into = base + 2 * src, base + 2 * dst + 1
+        if self.serial_server and base and kind == "push":
+            into -= 1                   # the server's one slot: its out pool, both ways
+        return Route((out, into), link.latency_s, link)
 
 
 def work_bytes(link: Link, nbytes: float) -> float:
