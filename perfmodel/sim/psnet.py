@@ -171,16 +171,17 @@ class Layout:
         sd = self.device_of_server[server]
         if worker == sd:                                  # colocated on this very device
             return Route((), 0.0, None)
-        if wn == sn:
+        same_node = wn == sn
+        if same_node:
             base, src, dst, link = 2 * self.nodes, worker, sd, self.intra
         else:
             base, src, dst, link = 0, wn, sn, self.inter
         if kind == "pull":
             src, dst = dst, src
-        out, into = base + 2 * src, base + 2 * dst + 1
-        if self.serial_server and base and kind == "push":
-            into -= 1                   # the server's one slot: its out pool, both ways
-        return Route((out, into), link.latency_s, link)
+        into = base + 2 * dst + 1
+        if same_node and kind == "push" and self.serial_server:
+            into = base + 2 * dst           # the server's one slot: its out pool, both ways
+        return Route((base + 2 * src, into), link.latency_s, link)
 
 
 def work_bytes(link: Link, nbytes: float) -> float:
