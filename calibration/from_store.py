@@ -60,6 +60,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from calibration.fit import FitResult, fit_result, relative_lstsq
+from calibration.fit_comm_sharing import fit_comm_cpu_bound_fraction, shared
 from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
 from calibration.fit_cores import ConcurrentTiming, fit_core_contention, sharing_checks
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
@@ -172,7 +173,7 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
 
     host = (dataclasses.replace(base_cluster, comm_cpu_cores_per_node=os.cpu_count() or 1)
             if base_cluster.comm_cpu_cores_per_node else None)      # CPU-driven links
-    network = _network(by_kind["collectives"], host)
+    network, comm_sharing = _network(by_kind["collectives"], host, base_cluster, notes)
     concurrent = [r for r in by_kind["compute"] if _is_concurrent(r)]
     units = [r for r in by_kind["compute"] if not _is_concurrent(r)]
     compute, optimizer, apply = _compute(units, base_cluster, notes)
@@ -181,7 +182,7 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
-                        core_contention=contention)
+                        core_contention=contention, comm_cpu_bound_fraction=comm_sharing)
     # the profile so far: the model that the overlap fit and the checks predict with
     stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
@@ -326,11 +327,29 @@ def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
     return timings, flops, skipped
 
 
-def _network(runs, host: ClusterProfile | None = None) -> dict | None:
+def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: list[str]
+             ) -> tuple[dict | None, FitResult | None]:
+    """(link fits, topology.comm_cpu_bound_fraction) of the collectives runs. On a CPU host
+    (`host`) the links are fitted on the runs whose ranks fit the cores, and u on the others
+    against them (calibration/fit_comm_sharing.py); a store with only runs of more ranks than
+    cores fits the links through the base profile's core sharing instead."""
     samples = collective_samples(runs, host)
     if not samples:
-        return None
-    return _hinted("network", lambda: fit_network(samples))
+        return None, None
+    cores = host.comm_cpu_cores_per_node if host is not None else 0
+    raw = collective_samples(runs) if cores else []
+    plain = [s for s in samples if not (cores and shared(s, cores))]
+    crowded = [s for s in raw if shared(s, cores)]
+    if not plain or not crowded:
+        return _hinted("network", lambda: fit_network(samples)), None
+    links = _hinted("network", lambda: fit_network(plain))
+    unshared = _as_cluster(base, MeasuredFits(intra_node=links.get("intra_node"),
+                                              inter_node=links.get("inter_node")))
+    u = fit_comm_cpu_bound_fraction(crowded, unshared, cores)
+    notes.append(f"collectives with more ranks than cores ({len(crowded)} timings) fitted "
+                 f"the shared part of a collective u = {u.value:.2f} (p/c would be u = 1), "
+                 f"not the links")
+    return links, u
 
 
 def _compute(runs, base: ClusterProfile, notes: list[str]):

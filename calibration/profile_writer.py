@@ -44,7 +44,7 @@ MEASURABLE_FIELDS = (
     "compute.efficiency_by_flops", "compute.overhead_us_per_unit", "compute.optimizer_GBps",
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
-    "intra_node.p2p", "inter_node.p2p",
+    "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
 )
 
 
@@ -61,6 +61,7 @@ class MeasuredFits:
     memory: MemoryFit | None = None
     server_apply_GBps: FitResult | None = None
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
+    comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +146,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                     | ({"comm_cpu_cores_per_node": info.cpu_cores or
                         base.comm_cpu_cores_per_node}
                        if base.comm_cpu_cores_per_node else {})
+                    | ({"comm_cpu_bound_fraction": _value(fits.comm_cpu_bound_fraction,
+                                                          base.comm_cpu_bound_fraction)}
+                       if base.comm_cpu_cores_per_node else {})
                     | ({"compute_cpu_cores_per_node": info.cpu_cores or
                         base.compute_cpu_cores_per_node}
                        if base.compute_cpu_cores_per_node else {}),
@@ -172,7 +176,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         measured += ["device.framework_overhead_GiB", "device.memory_overhead_fraction"]
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
-              fits.server_apply_GBps, fits.core_contention):
+              fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

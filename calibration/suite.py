@@ -15,6 +15,10 @@ it feeds (calibration/from_store.py):
   held-out prediction moved 15-45 % with them, while the held-out measurements moved 5-10 %.
   `--quick` keeps one launch of two sweeps (the op list repeated: A, B, C, A, B, C).
   With several nodes, one more such run over all of them (it feeds inter_node).
+- collectives-shared (CPU hosts): one sweep of the ring collectives with twice as many ranks
+  as cores (4 on 2 cores), oversubscribed on purpose: it fits the part of a collective that
+  shares the cores (`topology.comm_cpu_bound_fraction`, calibration/fit_comm_sharing.py), which
+  the 4- and 8-rank held-out runs need; the links are fitted on the other launches.
 - compute: each workload's per-unit forward/backward times at a quarter, half and all of its
   batch size (>= 3 FLOP counts per unit, as the compute fit needs; the training runs use the
   whole batch, the top of the range), and its optimizer step.
@@ -69,6 +73,10 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "ping-pong")
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
 COLLECTIVE_LAUNCHES = 3             # full suite: launches of one sweep each, spread out
+# CPU hosts: one more sweep with twice as many ranks as cores, for the part of a collective
+# that shares the cores (calibration/fit_comm_sharing.py); ping-pong has no ring to share.
+SHARED_RANKS_PER_RANK = 2
+SHARED_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
 CORES_REPEATS = 2
@@ -160,6 +168,12 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
             add("collectives", f"collectives, {ranks} ranks, {sweeps}"
                 + (f" ({r} of {n})" if n > 1 else ""), _sweep(kind, size, ranks, common), r,
                 optional=r > 1)
+    if kind == "cpu" and ranks >= 2:
+        shared = ranks * SHARED_RANKS_PER_RANK
+        add("collectives-shared", f"collectives, {shared} ranks on {ranks} cores, 1 sweep of "
+            f"{', '.join(SHARED_OPS)}",
+            {**_sweep(kind, size, shared, common), "ops": list(SHARED_OPS)},
+            oversubscribe=True, optional=True)
     for w in names[:size.compute_workloads]:
         b = load_workload(w).batch_size
         batches = sorted({max(1, b // 4), max(1, b // 2), b})

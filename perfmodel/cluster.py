@@ -167,6 +167,11 @@ class ClusterProfile:
     # Cores that drive communication on a node (a CPU backend such as gloo copies and
     # reduces on the host's cores); 0 = the links move data themselves (NVLink, NIC DMA).
     comm_cpu_cores_per_node: int = 0
+    # The part u of a CPU-driven collective's unshared time that is CPU work and shares the
+    # cores when ranks outnumber them; the rest (waiting on wake-ups and peers) does not.
+    # 1 = all of it (the default where not measured); `perfmodel calibrate` fits it on a CPU
+    # host from a collective sweep with twice as many ranks as cores.
+    comm_cpu_bound_fraction: float = 1.0
     # Cores the node's compute runs on when its "devices" are CPU cores (a CPU host: every
     # busy process, workers and parameter servers alike, shares them); 0 = each device
     # computes on its own (GPUs), and compute is never stretched by core sharing.
@@ -180,12 +185,19 @@ class ClusterProfile:
     calibration_errors: CalibrationErrors | None = None
 
     def comm_cpu_share(self, workers: int) -> float:
-        """How much slower a collective runs because its ranks share the node's cores: a
-        ring step waits for every rank's copy and reduction, and p busy ranks on c < p cores
-        each get c/p of a core (processor sharing), so time x p/c."""
+        """How much slower a collective runs because its ranks share the node's cores.
+
+        A ring step waits for every rank's copy and reduction, and the ranks of a ring work
+        in lock step, so their CPU bursts coincide: during the CPU-bound part u of the
+        unshared time, p busy ranks on c < p cores each get c/p of a core (processor
+        sharing); the rest, waiting on wake-ups and peers, overlaps. So time x
+        (1 − u + u·p/c), p/c when u = 1; 1 when p <= c or the links move data themselves."""
         per_node = min(workers, self.devices_per_node)
         cores = self.comm_cpu_cores_per_node
-        return max(1.0, per_node / cores) if cores else 1.0
+        if not cores or per_node <= cores:
+            return 1.0
+        u = self.comm_cpu_bound_fraction
+        return 1.0 - u + u * per_node / cores
 
     def compute_share(self, busy: float) -> float:
         """How much slower a process computes while `busy` processes (itself included;
@@ -276,6 +288,8 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
         ),
         devices_per_node=f.table("topology").integer("devices_per_node", minimum=1),
         comm_cpu_cores_per_node=f.table("topology").integer("comm_cpu_cores_per_node", 0),
+        comm_cpu_bound_fraction=f.table("topology").number("comm_cpu_bound_fraction", 1.0,
+                                                            maximum=1.0),
         compute_cpu_cores_per_node=f.table("topology").integer("compute_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),

@@ -58,7 +58,7 @@ class Fields:
         return value
 
     def number(self, key: str, default: float | None = None, *, minimum: float = 0.0,
-               positive: bool = False) -> float:
+               positive: bool = False, maximum: float | None = None) -> float:
         value = self.data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PerfmodelError(f"{self._where(key)} is missing or not a number")
@@ -68,6 +68,8 @@ class Fields:
         if value < minimum or (positive and value < MIN_POSITIVE):
             bound = f">= {MIN_POSITIVE:g}" if positive else f">= {minimum:g}"
             raise PerfmodelError(f"{self._where(key)} = {value!r} is not {bound}")
+        if maximum is not None and value > maximum:
+            raise PerfmodelError(f"{self._where(key)} = {value!r} is not <= {maximum:g}")
         return float(value)
 
     def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:

@@ -177,14 +177,21 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
              if (m.config.get("options") or {}).get("compute", {}).get("concurrent")]
     assert [m.nproc for m in cores] == [1, 2, 3, 1, 2, 3]
     assert all(m.oversubscribe and m.optional for m in cores)
-    launches = [m for m in full if m.config["kind"] == "collectives"]
+    crowded = [m for m in full if m.key.startswith("collectives-shared")]
+    launches = [m for m in full if m.config["kind"] == "collectives" and m not in crowded]
     assert [m.optional for m in launches] == [False, True, True]
+    # one sweep with twice as many ranks as cores (core sharing), ring collectives only
+    [shared] = crowded
+    assert shared.nproc == 4 and shared.oversubscribe and shared.optional
+    assert shared.config["ops"] == ["all-reduce", "all-gather", "reduce-scatter"]
+    assert not any(m.key.startswith("collectives-shared")
+                   for m in build_suite("cuda", suite="x", ranks=8))
     from calibration.suite import comparable as same
     older = json.loads(json.dumps(launches[0].config))
     older["ops"] = older["ops"] * 3          # a store's one launch of three sweeps
     assert same(older) == same(launches[0].config)
-    assert not any(m.optional for m in full if m not in cores and m not in launches)
-    assert not any(m.oversubscribe for m in full if m not in cores)
+    assert not any(m.optional for m in full if m not in cores + launches + crowded)
+    assert not any(m.oversubscribe for m in full if m not in cores + crowded)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
         [ps] = [m for m in suite if m.config["kind"] == "ps"]
@@ -197,18 +204,17 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert comparable(older) == comparable(ps.config)
     assert all(m.config["calibration"]["suite"] == "local" for m in full)
     # the network in 3 launches of one sweep, spread over the suite (not one machine state)
-    where = [i for i, m in enumerate(full) if m.config["kind"] == "collectives"]
+    where = [i for i, m in enumerate(full) if m in launches]
     assert len(where) == 3 and where[0] == 0
     assert all(b - a > 1 for a, b in zip(where, where[1:], strict=False))
     assert all(m.config["ops"] == ["all-reduce", "all-gather", "reduce-scatter", "ping-pong"]
-               for m in full if m.config["kind"] == "collectives")
+               for m in launches)
     # a launch stored before ping-pong joined the sweep stands for one (no p2p fit then)
     older = json.loads(json.dumps(launches[0].config))
     older["ops"] = ["all-reduce", "all-gather", "reduce-scatter"]
     assert same(older) == same(launches[0].config)
-    assert len({json.dumps(m.config, sort_keys=True) for m in full
-                if m.config["kind"] == "collectives"}) == 3
-    assert [m.config["kind"] for m in quick].count("collectives") == 1
+    assert len({json.dumps(m.config, sort_keys=True) for m in launches}) == 3
+    assert [m.config["kind"] for m in quick].count("collectives") == 2     # 2 ranks, 4 ranks
     with pytest.raises(PerfmodelError, match="unknown workload 'nope'"):
         build_suite("cpu", suite="local", workloads=("nope",))
 

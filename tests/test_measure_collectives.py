@@ -96,6 +96,9 @@ def test_a_two_rank_gloo_sweep_follows_nccl_tests_definitions(tmp_path):
             assert math.isclose(r["busbw_factor"], NCCL_TESTS_FACTOR[op](2), rel_tol=REL_TOL)
             assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * r["busbw_factor"],
                                 rel_tol=REL_TOL)
+            # each rank's CPU time over its wall time, averaged: a process of 1 torch
+            # thread plus gloo's I/O threads cannot use more than the 2 cores
+            assert 0 < r["cpu_busy_fraction"] <= (os.cpu_count() or 1)
     assert {r["rank"] for r in rows} == {0}
     assert live_processes(result.run_dir) == []
 

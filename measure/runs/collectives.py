@@ -11,7 +11,9 @@ pairs ranks 2k and 2k+1, each sending S bytes to and receiving S bytes from its 
 once. ping-pong pairs them the same way: 2k sends S bytes to 2k+1, which sends them back;
 its t is one way, half the round trip (OSU's osu_latency): the point-to-point message a
 parameter server's push or pull is. An unpaired last rank sits out of both. Rank 0 writes
-one "collective" record per op and size.
+one "collective" record per op and size, with `cpu_busy_fraction`: each rank's CPU seconds
+(all its threads, user and system) over its wall seconds in the timed loop, averaged over
+the ranks; how much of a collective keeps a core busy (calibration/fit_comm_sharing.py).
 
 config keys (None or absent = the default for the device): ops, min_bytes, max_bytes,
 factor, iters, warmup_iters, dtype.
@@ -105,20 +107,24 @@ def run(ctx) -> None:
                 call()
             sync()
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             for _ in range(s["iters"]):
                 call()
             sync()
-            per_call = (time.perf_counter() - t0) / s["iters"] / LEGS.get(op, 1)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            per_call = wall / s["iters"] / LEGS.get(op, 1)
             mine = torch.tensor([per_call], dtype=torch.float64, device=ctx.device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)     # the slowest rank's time
+            busy = torch.tensor([cpu / wall], dtype=torch.float64, device=ctx.device)
+            dist.all_reduce(busy)                           # summed; the mean below
             if rank == 0:
                 time_s = mine.item()
                 factor = busbw_factor(op, n)
                 algbw = size / time_s / 1e9
                 ctx.recorder.write("collective", op=op, bytes=size, count=size // elem,
                                    dtype=s["dtype"], time_s=time_s, algbw_GBps=algbw,
-                                   busbw_GBps=algbw * factor, busbw_factor=factor)
+                                   busbw_GBps=algbw * factor, busbw_factor=factor,
+                                   cpu_busy_fraction=busy.item() / n)
             del call
 
 

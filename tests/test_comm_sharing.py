@@ -1,0 +1,138 @@
+"""Collectives when ranks outnumber the cores: the model (ClusterProfile.comm_cpu_share), the
+fit of its one parameter u (calibration/fit_comm_sharing.py) and where calibration takes it.
+
+Synthetic sweeps are the simulator's own closed forms times 3 % Gaussian noise, as in
+tests/test_calibration_fit.py, whose TIME_TOL (the fitted link's time against the truth, every
+point) bounds how far the unshared model a stretch is measured against can be off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from calibration.fit_comm_sharing import fit_comm_cpu_bound_fraction, unshared_s
+from calibration.fit_network import CollectiveSample
+from calibration.from_store import _network
+from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+from perfmodel.cluster import Link, load_cluster, parse_profile
+from perfmodel.errors import PerfmodelError
+from perfmodel.sim.collectives import collective_s
+from tests.test_calibration_fit import NOISE, SIZES, TIME_TOL
+
+CORES = 2
+OPS = ("all-reduce", "all-gather", "reduce-scatter")
+TRUE_U = 0.3
+
+
+def host(u: float = 1.0):
+    """A CPU host: 2 cores drive gloo, every rank on one node, reduce-scatter no ring."""
+    link = Link(bandwidth_GBps=1.2, latency_us=700.0,
+                efficiency_by_bytes=((1e3, 0.2), (1e6, 0.7), (1.6e7, 1.0)),
+                time_factor_by_op={"reduce-scatter": 2.0})
+    return dataclasses.replace(load_cluster("local"), intra_node=link, inter_node=link,
+                               devices_per_node=64, comm_cpu_cores_per_node=CORES,
+                               comm_cpu_bound_fraction=u)
+
+
+def sweep(cluster, ranks, rng, sizes=SIZES[:15]):
+    return [CollectiveSample(op=op, ranks=p, bytes=float(n),
+                             time_s=collective_s(op, cluster, p, n) * (1 + NOISE * rng.normal()))
+            for p in ranks for op in OPS for n in sizes]
+
+
+@given(u=st.floats(0.0, 1.0), ranks=st.integers(1, 64), more=st.integers(1, 8))
+def test_sharing_is_p_over_c_at_u_1_none_at_u_0_and_grows_with_u_and_ranks(u, ranks, more):
+    c = host(u)
+    share = c.comm_cpu_share(ranks)
+    assert share == pytest.approx(1 - u + u * max(1.0, ranks / CORES))
+    assert host(1.0).comm_cpu_share(ranks) == pytest.approx(max(1.0, ranks / CORES))
+    assert host(0.0).comm_cpu_share(ranks) == 1.0
+    assert c.comm_cpu_share(ranks + more) >= share
+    assert host(min(1.0, u + 0.1)).comm_cpu_share(ranks) >= share
+    if ranks <= CORES:
+        assert share == 1.0
+    # links that move data themselves share nothing, whatever u says
+    assert dataclasses.replace(c, comm_cpu_cores_per_node=0).comm_cpu_share(ranks) == 1.0
+
+
+def test_the_fit_recovers_u_and_then_predicts_8_ranks():
+    truth, rng = host(TRUE_U), np.random.default_rng(7)
+    crowded = sweep(truth, (4,), rng)
+    # against the true links the only error is the noise: per point σ = 3 % / (p/c − 1)
+    fit = fit_comm_cpu_bound_fraction(crowded, truth, CORES)
+    assert fit.parameter == "topology.comm_cpu_bound_fraction"
+    assert abs(fit.value - TRUE_U) <= 3 * fit.stderr
+    assert fit.points == len(crowded) and fit.rms_rel <= 2 * NOISE
+    # 8 ranks were not fitted: the stretch 1 + 3u holds them within the noise
+    fitted = dataclasses.replace(truth, comm_cpu_bound_fraction=fit.value)
+    for s in sweep(truth, (8,), rng):
+        model = collective_s(s.op, fitted, s.ranks, s.bytes)
+        assert abs(model / s.time_s - 1) <= 4 * NOISE + 3 * abs(fit.value - TRUE_U)
+    # p/c (u = 1) is what the 4-rank runs refute: 2x the unshared time instead of 1.3x
+    assert all(collective_s(s.op, host(1.0), 4, s.bytes) / s.time_s > 1.3 for s in crowded)
+
+
+def test_u_is_held_to_0_1_and_needs_crowded_samples():
+    rng = np.random.default_rng(3)
+    slower = [dataclasses.replace(s, time_s=s.time_s * 3) for s in sweep(host(1.0), (4,), rng)]
+    assert fit_comm_cpu_bound_fraction(slower, host(), CORES).value == 1.0
+    faster = [dataclasses.replace(s, time_s=s.time_s * 0.5) for s in sweep(host(0.0), (4,), rng)]
+    assert fit_comm_cpu_bound_fraction(faster, host(), CORES).value == 0.0
+    with pytest.raises(PerfmodelError, match="more ranks on a node than its 2 core"):
+        fit_comm_cpu_bound_fraction(sweep(host(), (2,), rng), host(), CORES)
+    # the reference time has no sharing in it, whatever the profile's u
+    s = sweep(host(), (4,), rng)[0]
+    assert unshared_s(host(1.0), s) == unshared_s(host(0.0), s) \
+        == pytest.approx(collective_s(s.op, host(0.0), 4, s.bytes))
+
+
+def _run(samples):
+    """A stored collectives run as calibration/from_store.py reads it."""
+    rows = [{"op": s.op, "bytes": s.bytes, "time_s": s.time_s} for s in samples]
+    return SimpleNamespace(row=SimpleNamespace(world_size=samples[0].ranks, config={}),
+                           table=lambda name: rows)
+
+
+def test_calibration_fits_the_links_on_2_ranks_and_u_on_4():
+    truth, rng = host(TRUE_U), np.random.default_rng(11)
+    two, four = sweep(truth, (2,), rng), sweep(truth, (4,), rng)
+    notes: list[str] = []
+    links, u = _network([_run(two), _run(four)], host(), host(), notes)
+    assert abs(u.value - TRUE_U) <= 3 * u.stderr + TIME_TOL        # links fitted, not true
+    assert links["intra_node"].bandwidth_GBps.value == pytest.approx(1.2, rel=0.05)
+    assert any("u = " in n for n in notes)
+    # the links alone are the 2-rank sweep's: the 4-rank one moves only u
+    alone, none = _network([_run(two)], host(), host(), [])
+    assert none is None
+    assert alone["intra_node"].bandwidth_GBps.value == links["intra_node"].bandwidth_GBps.value
+    # a store with only 4-rank sweeps fits the links through p/c, as before u existed
+    links4, u4 = _network([_run(four)], host(), host(), [])
+    assert u4 is None and links4["intra_node"].bandwidth_GBps.value > 0
+
+
+def test_u_is_written_to_the_profile_and_read_back(tmp_path):
+    base = load_cluster("local")
+    fit = fit_comm_cpu_bound_fraction(sweep(host(TRUE_U), (4,), np.random.default_rng(5)),
+                                      host(TRUE_U), CORES)
+    info = RunInfo(host="h", device_names=("CPU core",), versions="torch", runs=1,
+                   date="2026-12-03T00:00:00+00:00")
+    data = build_profile("local", base, MeasuredFits(comm_cpu_bound_fraction=fit), info)
+    c = parse_profile(data, tmp_path / "p.toml")
+    assert c.comm_cpu_bound_fraction == fit.value
+    assert "topology.comm_cpu_bound_fraction" in data["calibration"]["measured"]
+    # not measured: the base's value (1: p/c) stays, and says so
+    data = build_profile("local", base, MeasuredFits(), info)
+    assert parse_profile(data, tmp_path / "q.toml").comm_cpu_bound_fraction == 1.0
+    assert "topology.comm_cpu_bound_fraction" in data["calibration"]["unmeasured"]
+    raw = tomllib.loads(Path(base.path).read_text())
+    raw["topology"]["comm_cpu_bound_fraction"] = 1.5
+    with pytest.raises(PerfmodelError, match="comm_cpu_bound_fraction' = 1.5 is not <= 1"):
+        parse_profile(raw, tmp_path / "bad.toml")
