@@ -213,7 +213,9 @@ def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_sha
 def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback():
     # measure/runs/ps.py: the server is rank 0, a process of its own; every worker, the one
     # whose cores it shares included, pushes and pulls over gloo on loopback. One worker:
-    # the step is compute + push + apply + pull, each transfer alpha + n beta of intra_node.
+    # the step is compute + push + apply + pack + pull, each transfer alpha + n beta of
+    # intra_node, the pack (torch.cat of the parameters into the reply) a copy of the
+    # parameter bytes at compute.optimizer_GBps.
     from perfmodel.sim.collectives import link_transfer_s
     from perfmodel.sim.compute import optimizer_seconds
     host = cpu_host(2)
@@ -221,7 +223,8 @@ def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback(
     nbytes = WORKLOAD.params * 4
     expected = (unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
                 + 2 * link_transfer_s(host.intra_node, nbytes)
-                + optimizer_seconds(host, WORKLOAD, 1.0))
+                + optimizer_seconds(host, WORKLOAD, 1.0)
+                + nbytes / (host.compute.optimizer_GBps * 1e9))
     accumulate_s = nbytes / (host.server.apply_GBps * 1e9)  # sync-ps: one summing pass
     for strategy, extra in ((AsyncPS(), 0.0), (SyncPS(), accumulate_s)):
         result = strategy.simulate(sc)
@@ -244,7 +247,7 @@ def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback(
         server_placement="colocated")).simulate(gpu).comms)
 
 
-def test_a_cpu_hosts_server_receives_and_sends_one_message_at_a_time():
+def test_a_cpu_hosts_server_receives_applies_and_sends_one_at_a_time():
     # measure/runs/ps.py's server is one thread: a blocking recv, the apply, a blocking send.
     # On its loopback slot a push in and a pull out share one pool; GPU servers keep both.
     from perfmodel.sim import psnet
@@ -267,7 +270,20 @@ def test_a_cpu_hosts_server_receives_and_sends_one_message_at_a_time():
     result = AsyncPS().simulate(sc)
     times = sorted(u.time_s for u in result.updates if u.step >= 5)
     from perfmodel.sim.collectives import link_transfer_s
+    from perfmodel.sim.compute import optimizer_seconds
     nbytes = WORKLOAD.params * 4
     transfer = link_transfer_s(free.intra_node, nbytes) - free.intra_node.latency_s
     gaps = [b - a for a, b in zip(times, times[4:], strict=False)]
     assert min(gaps) >= 8 * transfer * (1 - 1e-9)
+    # and it applies between them: with a real apply (and pack), no message is carried
+    # meanwhile, so any 4 updates take 4 x (push + apply + pull); full duplex with the
+    # apply beside the messages would take 4 pushes, or 4 applies, whichever is longer
+    busy = dataclasses.replace(free, server=host.server, compute=dataclasses.replace(
+        free.compute, optimizer_GBps=host.compute.optimizer_GBps))
+    result = AsyncPS().simulate(dataclasses.replace(sc, cluster=busy))
+    times = sorted(u.time_s for u in result.updates if u.step >= 5)
+    apply_s = (optimizer_seconds(busy, WORKLOAD, 1.0)
+               + nbytes / (busy.compute.optimizer_GBps * 1e9))
+    gaps = [b - a for a, b in zip(times, times[4:], strict=False)]
+    assert min(gaps) >= 4 * (2 * transfer + apply_s) * (1 - 1e-9)
+    assert apply_s > 0.2 * transfer        # the apply is no rounding error here

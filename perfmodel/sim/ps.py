@@ -11,7 +11,9 @@ sharding, and the links as hardware). One worker step:
   push    every shard's gradient, all at once, over the reverse routes,
   apply   on each server, first come first served: the workload's optimizer over the shard
           (compute.optimizer_seconds: model-state bytes at compute.optimizer_GBps, as DDP's
-          optimizer step is charged), plus DC-ASGD's extra passes.
+          optimizer step is charged), plus DC-ASGD's extra passes; a CPU host's serial
+          server (psnet `server_slot`) also packs the reply (a copy of the shard's
+          parameters at compute.optimizer_GBps) and receives, applies and sends in turn.
 
 A message that crosses two link directions has arrived when both have carried it; a route's
 latency is a pure delay added on delivery. The worker's next pull waits for its gradient's
@@ -62,6 +64,7 @@ Assumptions to know:
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -241,15 +244,21 @@ class _PSRun:
         self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
         grad_bytes, param_bytes = wl.precision_spec.grad_bytes, wl.precision_spec.param_bytes
         elementwise_Bps = cluster.server.apply_GBps * 1e9
+        # a serial server (a CPU host's: measure/runs/ps.py) also packs its parameters into
+        # the reply buffer after each apply, a copy at the rate the optimizer streams bytes
+        pack_Bps = (cluster.compute.optimizer_GBps * 1e9 if self.layout.serial_server
+                    else math.inf)
         self.servers = []
         for k, share in enumerate(self.hardware.shard_params):
             if share <= 0:
                 continue                # a server with no parameters takes no part
             passes_s = share * grad_bytes / elementwise_Bps
             self.servers.append(_Server(
-                k, share, optimizer_seconds(cluster, wl, share / wl.params) + dc_passes * passes_s,
-                passes_s))
+                k, share, optimizer_seconds(cluster, wl, share / wl.params) + dc_passes * passes_s
+                + share * param_bytes / pack_Bps, passes_s))
         self.server0 = self.servers[0]
+        # the pool each server's work holds besides its own FCFS (a serial server: psnet)
+        self.slots = [self.layout.server_slot(s.index) for s in self.servers]
         self.nservers = len(self.servers)
         self.pull_bytes = [s.shard_params * param_bytes for s in self.servers]
         self.push_bytes = [s.shard_params * grad_bytes for s in self.servers]
@@ -359,6 +368,21 @@ class _PSRun:
         self.copy_spans[sender].append((spans[0], spans[1]))
         self.copy_spans[receiver].append((spans[2], spans[3]))
 
+    def _after_slot(self, i: int, at_s: float) -> float:
+        """When server position i can start work that arrived at `at_s`: a serial server
+        also waits for its slot (messages booked on it before)."""
+        slot = self.slots[i]
+        if slot is None:
+            return at_s
+        free = self.link_free[slot]
+        return free if free > at_s else at_s
+
+    def _hold_slot(self, i: int, until_s: float) -> None:
+        """A serial server's work holds its slot until `until_s`: no message meanwhile."""
+        slot = self.slots[i]
+        if slot is not None and until_s > self.link_free[slot]:
+            self.link_free[slot] = until_s
+
     def _service(self, mean_s: float) -> float:
         return mean_s if self.service is None else self.service(mean_s)
 
@@ -385,7 +409,8 @@ class _PSRun:
         version0, routes = 0, self.push_routes
         for i, server in enumerate(self.servers):
             at = self.send(w, i, "push", routes)
-            end, version = server.apply(at, self._service(server.apply_s))
+            end, version = server.apply(self._after_slot(i, at), self._service(server.apply_s))
+            self._hold_slot(i, end)
             if i == 0:
                 version0 = version
             if at > arrival:
@@ -405,14 +430,16 @@ class _PSRun:
             if at > pushed[0]:
                 pushed[0] = at
             busy = server.busy_until
-            begin = at if at > busy else busy                   # max(at, busy until)
+            begin = self._after_slot(i, at if at > busy else busy)   # max(at, busy until)
             server.busy_until = begin + self._service(server.accumulate_s)
+            self._hold_slot(i, server.busy_until)
             if server.spans is not None:
                 server.spans.append((begin, server.busy_until))
             server.arrived += 1
             if server.arrived == self.workers:
                 server.arrived = 0
                 end, _ = server.apply(server.busy_until, self._service(server.apply_s))
+                self._hold_slot(i, end)
                 self._release(end)
         return barrier, pushed
 

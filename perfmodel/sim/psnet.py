@@ -10,7 +10,8 @@ node share their node's NIC. A worker and a server on the same node talk over th
 link instead (w's device out, the server's device in); on the same device, not at all
 (a GPU); on a CPU host a server is a process of its own and always crosses loopback, and
 its loopback slot is one pool for both directions: measure/runs/ps.py's server is one thread
-(blocking recv, apply, blocking send), so it never receives and sends at once.
+(blocking recv, apply, pack the reply, blocking send), so it never receives and sends at once,
+and never while it applies: its apply holds the same pool (`server_slot`).
 Every message is one-way point to point, so it sees a link as a ping-pong sweep does
 (`Link.point_to_point`: its own α and bandwidth where calibrated, else the collective fit's).
 
@@ -152,6 +153,14 @@ class Layout:
                                   cluster.intra_node.point_to_point())
         self.pool_bandwidth_Bps = ([self.inter.bandwidth_GBps * 1e9] * (2 * self.nodes)
                                    + [self.intra.bandwidth_GBps * 1e9] * (2 * self.devices))
+
+    def server_slot(self, server: int) -> int | None:
+        """The pool a serial server's own work holds (a CPU host: its loopback slot, which
+        its receives and sends hold too), so its apply and its messages take turns; None
+        where the server overlaps its applies with its messages."""
+        if not self.serial_server:
+            return None
+        return 2 * self.nodes + 2 * self.device_of_server[server]
 
     def shared(self, pool: int) -> bool:
         """Whether workers' traffic also uses this server-side pool (colocated servers)."""
