@@ -80,7 +80,8 @@ from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, pa
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim.collectives import link_transfer_s
-from perfmodel.sim.compute import optimizer_seconds, unit_times
+from perfmodel.sim.compute import unit_times
+from perfmodel.sim.ps import server_apply_s
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.workload import Workload, load_workload
@@ -532,10 +533,10 @@ def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str,
         link = getattr(cluster, cluster.server.link).point_to_point()   # one-way messages
         if waits and int(r.row.workers) == 1:        # alone: no queue at the server
             # the apply as the simulation charges it (perfmodel/sim/ps.py): the workload's
-            # optimizer over the one server's parameters, all of them
+            # optimizer over the one server's parameters, all of them, and a CPU host's pack
             model = (link_transfer_s(link, w.param_bytes)
                      + link_transfer_s(link, w.params * w.precision_spec.grad_bytes)
-                     + optimizer_seconds(cluster, w, 1.0))
+                     + server_apply_s(cluster, w, w.params))
             checks[f"ps_round_trip_s.run{r.row.id}"] = _check(model, float(np.median(waits))) \
                 | {"tolerance": PS_ROUND_TRIP_TOL}
         roles = ps_memory(_scenario(r, no_overhead), 1)

@@ -64,7 +64,6 @@ Assumptions to know:
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ import simpy
 from simpy.events import NORMAL, Event
 
 from perfmodel import memory as memory_model
-from perfmodel.cluster import Link
+from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import cores, psnet
@@ -91,6 +90,7 @@ from perfmodel.sim.records import (
     maker,
 )
 from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import Workload
 
 SAME_TIME_REL = 1e-12          # times this close (relative) are one instant (rounding)
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
@@ -227,6 +227,24 @@ def _full_bandwidth_s(link: Link, nbytes: float) -> float:
     return psnet.work_bytes(link, nbytes) / (link.bandwidth_GBps * 1e9)
 
 
+def server_pass_s(cluster: ClusterProfile, wl: Workload, share_params: float) -> float:
+    """One elementwise pass over a shard's gradient at server.apply_GBps (sync-ps's sum)."""
+    return share_params * wl.precision_spec.grad_bytes / (cluster.server.apply_GBps * 1e9)
+
+
+def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
+                   dc_passes: float = 0.0) -> float:
+    """A server's apply of one gradient to a shard of `share_params` parameters: the
+    workload's optimizer over the shard, DC-ASGD's extra passes, and on a CPU host (a serial
+    server, measure/runs/ps.py) the pack of its parameters into the reply buffer, a copy at
+    the rate the optimizer streams bytes (compute.optimizer_GBps)."""
+    pack_s = (share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps
+                                                              * 1e9)
+              if cluster.compute_cpu_cores_per_node > 0 else 0.0)
+    return (optimizer_seconds(cluster, wl, share_params / wl.params)
+            + dc_passes * server_pass_s(cluster, wl, share_params) + pack_s)
+
+
 class _PSRun:
     """One simulation: the servers, the network's pools, the workers' state, the records."""
 
@@ -243,19 +261,12 @@ class _PSRun:
         self.hardware = psnet.hardware(cluster, wl, scenario.workers, servers, placement)
         self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
         grad_bytes, param_bytes = wl.precision_spec.grad_bytes, wl.precision_spec.param_bytes
-        elementwise_Bps = cluster.server.apply_GBps * 1e9
-        # a serial server (a CPU host's: measure/runs/ps.py) also packs its parameters into
-        # the reply buffer after each apply, a copy at the rate the optimizer streams bytes
-        pack_Bps = (cluster.compute.optimizer_GBps * 1e9 if self.layout.serial_server
-                    else math.inf)
         self.servers = []
         for k, share in enumerate(self.hardware.shard_params):
             if share <= 0:
                 continue                # a server with no parameters takes no part
-            passes_s = share * grad_bytes / elementwise_Bps
-            self.servers.append(_Server(
-                k, share, optimizer_seconds(cluster, wl, share / wl.params) + dc_passes * passes_s
-                + share * param_bytes / pack_Bps, passes_s))
+            self.servers.append(_Server(k, share, server_apply_s(cluster, wl, share, dc_passes),
+                                        server_pass_s(cluster, wl, share)))
         self.server0 = self.servers[0]
         # the pool each server's work holds besides its own FCFS (a serial server: psnet)
         self.slots = [self.layout.server_slot(s.index) for s in self.servers]
