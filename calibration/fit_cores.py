@@ -105,3 +105,25 @@ def sharing_checks(timings: Sequence[ConcurrentTiming], cores: int,
                                             "tolerance": SHARING_CHECK_TOL} \
             | ({"load1": load} if np.isfinite(load) else {})
     return checks
+
+
+def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) -> FitResult:
+    """compute.whole_step_factor f: whole steps of one process alone (zero the gradients,
+    forward, loss, backward: measure/runs/compute.py `run_concurrent` with 1 process) over
+    the compute profile's forward and backward passes summed unit by unit at that batch; f is
+    the median ratio. The unit timings the compute fit uses time each unit's passes apart,
+    so they leave out what joins them into a step (the loss, autograd across units, the
+    Python between them, caches the whole model shares): on this 2-core host cnn-small's
+    whole steps took 1.31-1.35x the sum (2026-12-03), and the calibration's 1-worker PS
+    check measured the worker's compute 28-50 % over the model in every calibration that day.
+    """
+    steps = check_measurements(step_s, "whole-step seconds")
+    passes = check_measurements(passes_s, "modelled pass seconds")
+    if steps.size != passes.size or steps.size < 1:
+        raise PerfmodelError(f"compute.whole_step_factor: need >= 1 whole-step timing of one "
+                             f"process alone with its modelled passes, found {steps.size}")
+    ratio = steps / passes
+    f = float(np.median(ratio))
+    stderr = 1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size) if ratio.size > 1 \
+        else float("nan")
+    return fit_result("compute.whole_step_factor", f, stderr, f / ratio - 1)

@@ -62,7 +62,12 @@ import numpy as np
 from calibration.fit import FitResult, fit_result, relative_lstsq
 from calibration.fit_comm_sharing import fit_comm_cpu_bound_fraction, shared
 from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
-from calibration.fit_cores import ConcurrentTiming, fit_core_contention, sharing_checks
+from calibration.fit_cores import (
+    ConcurrentTiming,
+    fit_core_contention,
+    fit_whole_step_factor,
+    sharing_checks,
+)
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
@@ -184,6 +189,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                         inter_node=(network or {}).get("inter_node"), compute=compute,
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
                         core_contention=contention, comm_cpu_bound_fraction=comm_sharing)
+    if contention is not None and compute is not None:
+        fits = dataclasses.replace(fits, whole_step_factor=_whole_step(
+            concurrent, _as_cluster(base_cluster, fits)))
     # the profile so far: the model that the overlap fit and the checks predict with
     stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
@@ -419,6 +427,21 @@ def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict) -> FitRes
     fit = fit_core_contention(timings, cores)
     checks.update(sharing_checks(timings, cores, fit.value))
     return fit
+
+
+def _whole_step(runs, cluster: ClusterProfile) -> FitResult | None:
+    """compute.whole_step_factor from the 1-process concurrent runs (fit_cores.py), their
+    passes modelled with the compute fit (`cluster`); None without such runs."""
+    steps, passes = [], []
+    for r in runs:
+        if int(r.row.world_size or 0) != 1:
+            continue
+        w = load_workload(r.row.workload)
+        model = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=0).step_s
+        for t in concurrent_timings([r]):
+            steps.append(t.step_s)
+            passes.append(model)
+    return fit_whole_step_factor(steps, passes) if steps else None
 
 
 def failed_checks(checks: dict[str, dict]) -> list[str]:

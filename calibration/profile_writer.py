@@ -45,6 +45,7 @@ MEASURABLE_FIELDS = (
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
+    "compute.whole_step_factor",
 )
 
 
@@ -62,6 +63,7 @@ class MeasuredFits:
     server_apply_GBps: FitResult | None = None
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
+    whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +117,7 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         compute["overlap_slowdown"] = fits.overlap_slowdown.value
     if base.compute_cpu_cores_per_node:
         compute["core_contention"] = _value(fits.core_contention, c.core_contention)
+        compute["whole_step_factor"] = _value(fits.whole_step_factor, c.whole_step_factor)
     calibration: dict[str, Any] = {
         "base": base.name,
         "measured": measured,
@@ -176,7 +179,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         measured += ["device.framework_overhead_GiB", "device.memory_overhead_fraction"]
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
-              fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction):
+              fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
+              fits.whole_step_factor):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

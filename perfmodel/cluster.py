@@ -106,6 +106,11 @@ class Compute:
     # busy core adds to a process's compute (shared memory bandwidth and caches), fitted from
     # compute timings with 1, 2 and 3 busy processes (calibration/fit_cores.py).
     core_contention: float = 0.0
+    # A whole training step's forward and backward passes over their sum timed unit by unit
+    # (the loss, autograd across units, the Python between them, caches shared by the whole
+    # model); fitted on a CPU host from whole steps of one process alone (calibration/
+    # fit_cores.py), 1 where not measured.
+    whole_step_factor: float = 1.0
 
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
@@ -304,6 +309,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             launch_us_per_kernel=comp.number("launch_us_per_kernel", 0.0),
             backward_bytes_ratio=comp.number("backward_bytes_ratio", 2.0, positive=True),
             core_contention=comp.number("core_contention", 0.0),
+            whole_step_factor=comp.number("whole_step_factor", 1.0, positive=True),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,

@@ -4,6 +4,7 @@ against the loud checks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from calibration.fit_cores import (
@@ -83,7 +84,10 @@ def _round_trip_model(cluster, workload) -> float:
     link = getattr(cluster, cluster.server.link)
     return (link_transfer_s(link, workload.param_bytes)
             + link_transfer_s(link, workload.params * workload.precision_spec.grad_bytes)
-            + optimizer_seconds(cluster, workload, 1.0))
+            + optimizer_seconds(cluster, workload, 1.0)
+            # a CPU host's server also packs its parameters into the reply (ps.server_apply_s)
+            + (workload.param_bytes / (cluster.compute.optimizer_GBps * 1e9)
+               if cluster.compute_cpu_cores_per_node else 0.0))
 
 
 def test_ps_round_trip_check_charges_the_optimizer_and_flags_a_miss_loudly():
@@ -115,16 +119,22 @@ def test_measured_profile_carries_the_host_cores_and_contention_only_on_a_cpu_ba
     from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
     from perfmodel.cluster import load_cluster, parse_profile
 
+    from calibration.fit_cores import fit_whole_step_factor
+
     fit = fit_core_contention(timings(0.25), cores=2)
+    whole = fit_whole_step_factor([0.02, 0.021], [0.015, 0.015])
     info = RunInfo(host="box", device_names=("CPU core",), versions="torch", runs=6, cpu_cores=4)
-    data = build_profile("mine", load_cluster("local"), MeasuredFits(core_contention=fit), info)
+    data = build_profile("mine", load_cluster("local"),
+                         MeasuredFits(core_contention=fit, whole_step_factor=whole), info)
     assert data["topology"]["compute_cpu_cores_per_node"] == 4
     cluster = parse_profile(data, Path("mine.toml"))
     assert cluster.compute.core_contention == pytest.approx(0.25)
-    assert "compute.core_contention" in data["calibration"]["measured"]
+    assert cluster.compute.whole_step_factor == whole.value == pytest.approx(1.3667, rel=1e-3)
+    assert {"compute.core_contention", "compute.whole_step_factor"} <= set(
+        data["calibration"]["measured"])
     gpu = build_profile("g", load_cluster("a100"), MeasuredFits(), info)
     assert "compute_cpu_cores_per_node" not in gpu["topology"]
-    assert "core_contention" not in gpu["compute"]
+    assert "core_contention" not in gpu["compute"] and "whole_step_factor" not in gpu["compute"]
 
 
 def test_concurrent_compute_config_runs_p_processes_of_whole_steps():
@@ -135,3 +145,31 @@ def test_concurrent_compute_config_runs_p_processes_of_whole_steps():
     assert processes(config) == 3 and config["batch_size"] == 32
     assert config["options"]["compute"]["concurrent"] is True
     assert progress_total(config) == 1
+
+
+def test_whole_step_factor_is_the_median_ratio_and_scales_the_passes_only():
+    import dataclasses
+
+    from calibration.fit_cores import fit_whole_step_factor
+    from perfmodel.cluster import load_cluster
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.sim.compute import unit_times
+    from perfmodel.workload import load_workload
+
+    rng = np.random.default_rng(4)
+    passes = np.full(9, 0.0147)
+    steps = 1.33 * passes * (1 + 0.03 * rng.normal(size=9))        # 3 % timing noise
+    fit = fit_whole_step_factor(steps, passes)
+    assert fit.parameter == "compute.whole_step_factor"
+    assert abs(fit.value - 1.33) <= 3 * fit.stderr and fit.points == 9
+    with pytest.raises(PerfmodelError, match="whole-step"):
+        fit_whole_step_factor([], [])
+    # the factor stretches forward and backward, not the optimizer (timed on its own)
+    local, mlp = load_cluster("local"), load_workload("mlp")
+    slow = dataclasses.replace(local, compute=dataclasses.replace(local.compute,
+                                                                  whole_step_factor=1.5))
+    a, b = unit_times(local, mlp, 64), unit_times(slow, mlp, 64)
+    assert np.allclose(b.forward_s, 1.5 * a.forward_s)
+    assert np.allclose(b.backward_s, 1.5 * a.backward_s)
+    assert b.optimizer_s == a.optimizer_s
+    assert local.compute.whole_step_factor == 1.0          # not measured: no stretch
