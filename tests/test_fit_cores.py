@@ -116,10 +116,9 @@ def test_ps_round_trip_check_charges_the_optimizer_and_flags_a_miss_loudly():
 def test_measured_profile_carries_the_host_cores_and_contention_only_on_a_cpu_base():
     from pathlib import Path
 
+    from calibration.fit_cores import fit_whole_step_factor
     from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
     from perfmodel.cluster import load_cluster, parse_profile
-
-    from calibration.fit_cores import fit_whole_step_factor
 
     fit = fit_core_contention(timings(0.25), cores=2)
     whole = fit_whole_step_factor([0.02, 0.021], [0.015, 0.015])
