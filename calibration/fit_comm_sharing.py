@@ -55,16 +55,15 @@ def fit_comm_cpu_bound_fraction(samples: Sequence[CollectiveSample], unshared: C
     """u from the samples whose ranks outnumber `cores`, against the links of `unshared`
     (fitted on the other samples); see the module docstring."""
     use = [s for s in samples if s.op in _TIME and shared(s, cores)]
-    if not use:
-        raise PerfmodelError(f"{PARAMETER}: need collective timings with more ranks on a node "
-                             f"than its {cores} core(s); found none")
+    if len(use) < 2:
+        raise PerfmodelError(f"{PARAMETER}: need >= 2 collective timings with more ranks on a "
+                             f"node than its {cores} core(s); found {len(use)}")
     model = np.array([unshared_s(unshared, s) for s in use])
     measured = np.array([s.time_s for s in use])
     excess = np.array([-(-s.ranks // s.nodes) / cores - 1.0 for s in use])   # p/c − 1
     per_point = (measured / model - 1.0) / excess
     u = float(np.clip(np.median(per_point), 0.0, 1.0))
     # the standard error of a median of n normal points: 1.2533 σ / √n
-    stderr = 1.2533 * float(np.std(per_point, ddof=1)) / np.sqrt(len(use)) if len(use) > 1 \
-        else float("nan")
+    stderr = 1.2533 * float(np.std(per_point, ddof=1)) / np.sqrt(len(use))
     rel = (model * (1.0 + u * excess) - measured) / measured
     return fit_result(PARAMETER, u, stderr, rel)

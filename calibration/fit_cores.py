@@ -119,11 +119,10 @@ def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) ->
     """
     steps = check_measurements(step_s, "whole-step seconds")
     passes = check_measurements(passes_s, "modelled pass seconds")
-    if steps.size != passes.size or steps.size < 1:
-        raise PerfmodelError(f"compute.whole_step_factor: need >= 1 whole-step timing of one "
-                             f"process alone with its modelled passes, found {steps.size}")
+    if steps.size != passes.size or steps.size < 2:
+        raise PerfmodelError(f"compute.whole_step_factor: need >= 2 whole-step timings of one "
+                             f"process alone with their modelled passes, found {steps.size}")
     ratio = steps / passes
     f = float(np.median(ratio))
-    stderr = 1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size) if ratio.size > 1 \
-        else float("nan")
+    stderr = 1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size)
     return fit_result("compute.whole_step_factor", f, stderr, f / ratio - 1)

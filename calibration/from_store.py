@@ -354,7 +354,11 @@ def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: lis
     links = _hinted("network", lambda: fit_network(plain))
     unshared = _as_cluster(base, MeasuredFits(intra_node=links.get("intra_node"),
                                               inter_node=links.get("inter_node")))
-    u = fit_comm_cpu_bound_fraction(crowded, unshared, cores)
+    try:
+        u = fit_comm_cpu_bound_fraction(crowded, unshared, cores)
+    except PerfmodelError as e:
+        notes.append(f"{e}: the base profile's value stays")
+        return links, None
     notes.append(f"collectives with more ranks than cores ({len(crowded)} timings) fitted "
                  f"the shared part of a collective u = {u.value:.2f} (p/c would be u = 1), "
                  f"not the links")
@@ -441,7 +445,7 @@ def _whole_step(runs, cluster: ClusterProfile) -> FitResult | None:
         for t in concurrent_timings([r]):
             steps.append(t.step_s)
             passes.append(model)
-    return fit_whole_step_factor(steps, passes) if steps else None
+    return fit_whole_step_factor(steps, passes) if len(steps) >= 2 else None
 
 
 def failed_checks(checks: dict[str, dict]) -> list[str]:

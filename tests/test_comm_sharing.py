@@ -136,3 +136,13 @@ def test_u_is_written_to_the_profile_and_read_back(tmp_path):
     raw["topology"]["comm_cpu_bound_fraction"] = 1.5
     with pytest.raises(PerfmodelError, match="comm_cpu_bound_fraction' = 1.5 is not <= 1"):
         parse_profile(raw, tmp_path / "bad.toml")
+
+
+def test_one_crowded_timing_is_no_fit_and_no_failed_calibration():
+    truth, rng = host(TRUE_U), np.random.default_rng(2)
+    one = sweep(truth, (4,), rng)[:1]
+    with pytest.raises(PerfmodelError, match=">= 2 collective timings"):
+        fit_comm_cpu_bound_fraction(one, truth, CORES)
+    notes: list[str] = []
+    links, u = _network([_run(sweep(truth, (2,), rng)), _run(one)], host(), host(), notes)
+    assert u is None and links["intra_node"] and any("stays" in n for n in notes)

@@ -163,6 +163,8 @@ def test_whole_step_factor_is_the_median_ratio_and_scales_the_passes_only():
     assert abs(fit.value - 1.33) <= 3 * fit.stderr and fit.points == 9
     with pytest.raises(PerfmodelError, match="whole-step"):
         fit_whole_step_factor([], [])
+    with pytest.raises(PerfmodelError, match=">= 2 whole-step timings"):   # no NaN stderr
+        fit_whole_step_factor([0.02], [0.015])
     # the factor stretches forward and backward, not the optimizer (timed on its own)
     local, mlp = load_cluster("local"), load_workload("mlp")
     slow = dataclasses.replace(local, compute=dataclasses.replace(local.compute,
