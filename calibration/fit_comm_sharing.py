@@ -16,8 +16,11 @@ all-gather and reduce-scatter at 64 KiB-16 MiB) 4 ranks took about 1.3x and 8 ra
 and 4x; the held-out timed-wait runs at 4 and 8 ranks were over-predicted by 35-63 % with
 p/c. Each rank's CPU time over its wall time (the sweep's `cpu_busy_fraction`) was 0.6-0.8 at
 2 ranks, 0.35-0.44 at 4 and 0.21-0.23 at 8: from 4 ranks on the two cores run near
-saturation, but half or more of a 2-rank collective's time is no CPU work that sharing
-stretches.
+saturation, yet the times stretch far less than p/c, so much of a 2-rank collective's CPU
+time is polling and waiting that gives way under contention. u is fitted, not read off
+that fraction: a bound of (2-rank busy fraction) x p/c over-predicted the 8-rank sweep by
+a median 66 %. Where u misses: 8 ranks with 12-16 MiB messages stretch about 2.5x where
+u from 4 ranks says 1.5-1.8x (docs/model.md).
 """
 
 from __future__ import annotations

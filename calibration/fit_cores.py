@@ -114,8 +114,9 @@ def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) ->
     the median ratio. The unit timings the compute fit uses time each unit's passes apart,
     so they leave out what joins them into a step (the loss, autograd across units, the
     Python between them, caches the whole model shares): on this 2-core host cnn-small's
-    whole steps took 1.31-1.35x the sum (2026-12-03), and the calibration's 1-worker PS
-    check measured the worker's compute 28-50 % over the model in every calibration that day.
+    whole steps took 1.31-1.43x the sum in three calibrations (2026-12-03), and the
+    calibration's 1-worker PS check measured the worker's compute 28-50 % over the model
+    without the factor in every calibration that day (24 % with it, in the last).
     """
     steps = check_measurements(step_s, "whole-step seconds")
     passes = check_measurements(passes_s, "modelled pass seconds")
