@@ -41,14 +41,19 @@ _TIME = {"all-reduce": collectives.allreduce_s, "all-gather": collectives.allgat
          "reduce-scatter": collectives.reduce_scatter_s, "broadcast": collectives.broadcast_s}
 
 
+def ranks_per_node(sample: CollectiveSample) -> int:
+    """The ranks of `sample` on each node (packed, the last node possibly fewer)."""
+    return -(-sample.ranks // max(sample.nodes, 1))
+
+
 def shared(sample: CollectiveSample, cores: int) -> bool:
     """Whether a sample's ranks outnumber the cores of its node."""
-    return -(-sample.ranks // max(sample.nodes, 1)) > cores
+    return ranks_per_node(sample) > cores
 
 
 def unshared_s(cluster: ClusterProfile, sample: CollectiveSample) -> float:
     """The model's time of `sample` on `cluster` with no core sharing (u = 0)."""
-    layout = dataclasses.replace(cluster, devices_per_node=-(-sample.ranks // sample.nodes),
+    layout = dataclasses.replace(cluster, devices_per_node=ranks_per_node(sample),
                                  comm_cpu_bound_fraction=0.0)
     return _TIME[sample.op](layout, sample.ranks, sample.bytes)
 
@@ -63,7 +68,7 @@ def fit_comm_cpu_bound_fraction(samples: Sequence[CollectiveSample], unshared: C
                              f"node than its {cores} core(s); found {len(use)}")
     model = np.array([unshared_s(unshared, s) for s in use])
     measured = np.array([s.time_s for s in use])
-    excess = np.array([-(-s.ranks // s.nodes) / cores - 1.0 for s in use])   # p/c − 1
+    excess = np.array([ranks_per_node(s) / cores - 1.0 for s in use])   # p/c − 1
     per_point = (measured / model - 1.0) / excess
     u = float(np.clip(np.median(per_point), 0.0, 1.0))
     # the standard error of a median of n normal points: 1.2533 σ / √n

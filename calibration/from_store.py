@@ -342,14 +342,14 @@ def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: lis
     (`host`) the links are fitted on the runs whose ranks fit the cores, and u on the others
     against them (calibration/fit_comm_sharing.py); a store with only runs of more ranks than
     cores fits the links through the base profile's core sharing instead."""
-    samples = collective_samples(runs, host)
-    if not samples:
+    raw = collective_samples(runs)
+    if not raw:
         return None, None
     cores = host.comm_cpu_cores_per_node if host is not None else 0
-    raw = collective_samples(runs) if cores else []
-    plain = [s for s in samples if not (cores and shared(s, cores))]
-    crowded = [s for s in raw if shared(s, cores)]
-    if not plain or not crowded:
+    crowded = [s for s in raw if cores and shared(s, cores)]
+    plain = [s for s in raw if not (cores and shared(s, cores))]
+    if not plain or not crowded:      # only crowded runs: their links through p/c (u = 1)
+        samples = collective_samples(runs, host) if crowded else raw
         return _hinted("network", lambda: fit_network(samples)), None
     links = _hinted("network", lambda: fit_network(plain))
     unshared = _as_cluster(base, MeasuredFits(intra_node=links.get("intra_node"),

@@ -240,7 +240,7 @@ def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
     the rate the optimizer streams bytes (compute.optimizer_GBps)."""
     pack_s = (share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps
                                                               * 1e9)
-              if cluster.compute_cpu_cores_per_node > 0 else 0.0)
+              if psnet.serial_server(cluster) else 0.0)
     return (optimizer_seconds(cluster, wl, share_params / wl.params)
             + dc_passes * server_pass_s(cluster, wl, share_params) + pack_s)
 

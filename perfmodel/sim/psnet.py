@@ -46,6 +46,12 @@ BIGARRAY_BOUND_PARAMS = 1_000_000
 PLACEMENTS = ("dedicated", "colocated")
 
 
+def serial_server(cluster: ClusterProfile) -> bool:
+    """Whether a server is measure/runs/ps.py's one-thread process (a CPU host): it receives,
+    applies, packs its reply and sends in turn, never two at once."""
+    return cluster.compute_cpu_cores_per_node > 0
+
+
 def default_placement(cluster: ClusterProfile) -> str:
     return "colocated" if cluster.server.link == "intra_node" else "dedicated"
 
@@ -143,7 +149,7 @@ class Layout:
         # recv, the apply, then a blocking send, so on its own device slot it receives and
         # sends one message at a time, not both at once: one pool for both directions.
         # (GPU servers and NICs stay full duplex; MXNet/ps-lite servers overlap them.)
-        self.serial_server = cluster.compute_cpu_cores_per_node > 0
+        self.serial_server = serial_server(cluster)
         self.nodes = hw.nodes
         self.devices = max(workers, *(d + 1 for d in self.device_of_server))   # pool slots
         # pool index: NIC out of node n = 2n, NIC in = 2n + 1; device d's intra-node out
@@ -189,7 +195,7 @@ class Layout:
             src, dst = dst, src
         into = base + 2 * dst + 1
         if same_node and kind == "push" and self.serial_server:
-            into = base + 2 * dst           # the server's one slot: its out pool, both ways
+            into = self.server_slot(server)     # its one slot: its out pool, both ways
         return Route((base + 2 * src, into), link.latency_s, link)
 
 
