@@ -141,7 +141,8 @@ def fit_link(samples: Sequence[CollectiveSample], scope: str = "intra_node",
     if not (len(set(size[ref])) >= MIN_SIZES and (~ref).any()):
         ref = np.ones(len(use), dtype=bool)           # one kind, or too few all-reduces
     fit = fit_latency_rate(alpha_steps[ref], volume[ref], size[ref], times[ref], known[ref],
-                           names=(f"{scope}.latency_us", f"{scope}.bandwidth_GBps"), what=what)
+                           names=(f"{scope}.latency_us", f"{scope}.bandwidth_GBps"), what=what,
+                           bias_test=True)
     link = Link(bandwidth_GBps=fit.rate / 1e9, latency_us=fit.latency * 1e6,
                 efficiency_by_bytes=fit.curve)
     model = known + alpha_steps * fit.latency + volume * np.array(
