@@ -72,7 +72,7 @@ from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply
 from calibration.hardware import detect, shipped_profile
-from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
 from calibration.selfcheck import (
     SelfCheck,
     check_run,
@@ -190,8 +190,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
                         core_contention=contention, comm_cpu_bound_fraction=comm_sharing)
     if contention is not None and compute is not None:
-        fits = dataclasses.replace(fits, whole_step_factor=_whole_step(
-            concurrent, _as_cluster(base_cluster, fits)))
+        passes = _as_cluster(base_cluster, fits)
+        fits = dataclasses.replace(fits, whole_step_factor=_whole_step(concurrent, passes),
+                                   by_workload=_by_workload(concurrent, passes, notes))
     # the profile so far: the model that the overlap fit and the checks predict with
     stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
@@ -446,6 +447,39 @@ def _whole_step(runs, cluster: ClusterProfile) -> FitResult | None:
             steps.append(t.step_s)
             passes.append(model)
     return fit_whole_step_factor(steps, passes) if len(steps) >= 2 else None
+
+
+def _by_workload(runs, cluster: ClusterProfile, notes: list[str]) -> tuple[WorkloadFits, ...]:
+    """compute.by_workload: the whole-step factor and contention of each workload whose
+    concurrent runs allow both fits, when two or more do (with one, the defaults are its)."""
+    by_name: dict[str, list] = defaultdict(list)
+    for r in runs:
+        by_name[str(r.row.workload)].append(r)
+    cores = os.cpu_count() or 1
+    out = []
+    for name, group in sorted(by_name.items()):
+        timings = concurrent_timings(group)
+        try:
+            kappa = fit_core_contention(timings, cores)
+        except PerfmodelError as e:
+            notes.append(f"compute.by_workload.{name} not fitted: {e}")
+            continue
+        whole = _whole_step(group, cluster)
+        if whole is None:
+            notes.append(f"compute.by_workload.{name} not fitted: it needs >= 2 whole-step "
+                         f"timings of one process alone")
+            continue
+        where = f"compute.by_workload.{name}"
+        out.append(WorkloadFits(
+            workload=name,
+            whole_step_factor=dataclasses.replace(whole, parameter=f"{where}.whole_step_factor"),
+            core_contention=dataclasses.replace(kappa, parameter=f"{where}.core_contention")))
+    if len(out) < 2:
+        return ()
+    notes.append("whole-step factor and core contention by workload: " + ", ".join(
+        f"{w.workload} {w.whole_step_factor.value:.2f} and {w.core_contention.value:.2f}"
+        for w in out))
+    return tuple(out)
 
 
 def failed_checks(checks: dict[str, dict]) -> list[str]:

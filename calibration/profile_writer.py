@@ -45,8 +45,17 @@ MEASURABLE_FIELDS = (
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
-    "compute.whole_step_factor",
+    "compute.whole_step_factor", "compute.by_workload",
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFits:
+    """compute.by_workload.<workload>: one workload's whole-step factor and contention."""
+
+    workload: str
+    whole_step_factor: FitResult
+    core_contention: FitResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +73,8 @@ class MeasuredFits:
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
     whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
+    # CPU hosts: the two above for each workload whose whole steps were timed (>= 2 workloads)
+    by_workload: tuple[WorkloadFits, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +129,11 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
     if base.compute_cpu_cores_per_node:
         compute["core_contention"] = _value(fits.core_contention, c.core_contention)
         compute["whole_step_factor"] = _value(fits.whole_step_factor, c.whole_step_factor)
+        if fits.by_workload:
+            compute["by_workload"] = {
+                w.workload: {"whole_step_factor": w.whole_step_factor.value,
+                             "core_contention": w.core_contention.value}
+                for w in fits.by_workload}
     calibration: dict[str, Any] = {
         "base": base.name,
         "measured": measured,
@@ -184,6 +200,9 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         if r is not None:
             measured.append(r.parameter)
             results.append(r)
+    if fits.by_workload:
+        measured.append("compute.by_workload")
+        results += [r for w in fits.by_workload for r in (w.whole_step_factor, w.core_contention)]
     return measured, results
 
 

@@ -99,17 +99,18 @@ class SuiteSize:
     ddp_repeats: int
     second_ddp: bool
     cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
+    cores_workloads: int            # how many workloads get them (compute.by_workload)
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
                  collective_repeats=1, collective_launches=COLLECTIVE_LAUNCHES,
                  compute_repeats=8,
                  compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
-                 cores_repeats=CORES_REPEATS)
+                 cores_repeats=CORES_REPEATS, cores_workloads=3)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, collective_launches=1, compute_repeats=5,
                   compute_workloads=2, steps=8,
-                  ddp_repeats=2, second_ddp=False, cores_repeats=1)
+                  ddp_repeats=2, second_ddp=False, cores_repeats=1, cores_workloads=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,16 +198,15 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     add(f"ps-{names[0]}", f"ps {names[0]}, 1 worker + server",
         _training("ps", names[0], 1, size.steps,
                   {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common))
-    if kind == "cpu":
-        batch = load_workload(names[0]).batch_size
+    if kind == "cpu":       # every compute workload's own: their working sets differ
         for r in range(1, size.cores_repeats + 1):
-            for busy in CORES_BUSY:
-                add(f"cores-{names[0]}-{busy}",
-                    f"compute {names[0]} in {busy} processes at once "
-                    f"({r} of {size.cores_repeats})",
-                    compute_config(workload=names[0], batch_sizes=[batch],
-                                   repeats=size.compute_repeats, warmup=3, concurrent=busy,
-                                   **common), r, oversubscribe=True, optional=True)
+            for w in names[:min(size.cores_workloads, size.compute_workloads)]:
+                for busy in CORES_BUSY:
+                    add(f"cores-{w}-{busy}",
+                        f"compute {w} in {busy} processes at once ({r} of {size.cores_repeats})",
+                        compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
+                                       repeats=size.compute_repeats, warmup=3, concurrent=busy,
+                                       **common), r, oversubscribe=True, optional=True)
     return _interleave_training(out, f"ddp-{names[0]}")
 
 

@@ -86,6 +86,20 @@ class Device:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadCompute:
+    """A CPU host's whole-step factor and core contention fitted for one workload
+    (calibration/fit_cores.py): they differ by workload, as its working set does. Seen on
+    2 cores (2026-12-03, one thread per process): the mlp (52 MB of weights, gradients and
+    momentum) ran 1.21-1.29x slower beside a second copy of itself, thread CPU time up as
+    much (shared L3 and memory bandwidth), cnn-small 0.94-1.08x; the mlp's whole step was
+    ~1.13x its units timed apart, cnn-small's 1.36-1.43x."""
+
+    workload: str
+    whole_step_factor: float
+    core_contention: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Compute:
     """Achieved compute, a roofline per unit pass and op class (perfmodel/sim/compute.py):
     overhead + kernels x launch + matmul FLOPs / (peak x efficiency(FLOPs))
@@ -111,9 +125,27 @@ class Compute:
     # model); fitted on a CPU host from whole steps of one process alone (calibration/
     # fit_cores.py), 1 where not measured.
     whole_step_factor: float = 1.0
+    # The two above fitted per workload where calibration timed that workload's whole steps
+    # (profile [compute.by_workload.<name>]); the fields above hold for every other workload.
+    by_workload: tuple[WorkloadCompute, ...] = ()
 
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
+
+    def _for(self, workload: str | None) -> WorkloadCompute:
+        for w in self.by_workload:
+            if w.workload == workload:
+                return w
+        return WorkloadCompute(workload=workload or "", whole_step_factor=self.whole_step_factor,
+                               core_contention=self.core_contention)
+
+    def whole_step(self, workload: str | None = None) -> float:
+        """The whole-step factor of `workload` (its own where fitted, else the default)."""
+        return self._for(workload).whole_step_factor
+
+    def contention(self, workload: str | None = None) -> float:
+        """The core contention κ of `workload` (its own where fitted, else the default)."""
+        return self._for(workload).core_contention
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,19 +236,20 @@ class ClusterProfile:
         u = self.comm_cpu_bound_fraction
         return 1.0 - u + u * per_node / cores
 
-    def compute_share(self, busy: float) -> float:
+    def compute_share(self, busy: float, workload: str | None = None) -> float:
         """How much slower a process computes while `busy` processes (itself included;
         fractional for a server busy part of the time) share the node's compute cores.
 
         Processor sharing: b busy processes on c cores each get min(1, c/b) of a core, so
         time x max(1, b/c). Contention: each further core in use slows every process by
-        `compute.core_contention` (κ), so x (1 + κ·(min(b, c) − 1)). Together
-        (1 + κ·(min(b, c) − 1)) · max(1, b/c); 1 on a device that computes on its own
-        (compute_cpu_cores_per_node = 0: GPUs) or for one process alone."""
+        `compute.core_contention` (κ; `workload`'s own where fitted), so
+        x (1 + κ·(min(b, c) − 1)). Together (1 + κ·(min(b, c) − 1)) · max(1, b/c); 1 on a
+        device that computes on its own (compute_cpu_cores_per_node = 0: GPUs) or for one
+        process alone."""
         cores = self.compute_cpu_cores_per_node
         if not cores or busy <= 1.0:
             return 1.0
-        return (1.0 + self.compute.core_contention * (min(busy, cores) - 1.0)) \
+        return (1.0 + self.compute.contention(workload) * (min(busy, cores) - 1.0)) \
             * max(1.0, busy / cores)
 
     def ranks_busy(self, ranks_per_node: int) -> int:
@@ -310,11 +343,24 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             backward_bytes_ratio=comp.number("backward_bytes_ratio", 2.0, positive=True),
             core_contention=comp.number("core_contention", 0.0),
             whole_step_factor=comp.number("whole_step_factor", 1.0, positive=True),
+            by_workload=_by_workload(comp),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
         path=path,
         calibration_errors=_calibration_errors(data, path),
     )
+
+
+def _by_workload(comp: Fields) -> tuple[WorkloadCompute, ...]:
+    """[compute.by_workload.<name>] tables: each workload's fitted factors."""
+    if not comp.has("by_workload"):
+        return ()
+    table = comp.table("by_workload")
+    return tuple(WorkloadCompute(workload=name,
+                                 whole_step_factor=table.table(name).number(
+                                     "whole_step_factor", positive=True),
+                                 core_contention=table.table(name).number("core_contention"))
+                 for name in sorted(table.data))
 
 
 def _calibration_errors(data: dict, path: Path) -> CalibrationErrors | None:

@@ -173,10 +173,18 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert sum(m.progress_total for m in quick) < sum(m.progress_total for m in full)
     assert {m.config["kind"] for m in full} == {"collectives", "compute", "ddp", "ps"}
     # compute under core sharing: 1, 2 and 3 processes at once, interleaved, oversubscribing
-    cores = [m for m in full
-             if (m.config.get("options") or {}).get("compute", {}).get("concurrent")]
-    assert [m.nproc for m in cores] == [1, 2, 3, 1, 2, 3]
+    # for each compute workload (their working sets differ: compute.by_workload); --quick
+    # times the first workload only
+    def concurrent(suite):
+        return [m for m in suite
+                if (m.config.get("options") or {}).get("compute", {}).get("concurrent")]
+
+    cores = concurrent(full)
+    assert [m.nproc for m in cores] == [1, 2, 3] * 6
+    assert [m.config["workload"] for m in cores[:9]] == [
+        w for w in ("cnn-small", "mlp", "transformer-small") for _ in range(3)]
     assert all(m.oversubscribe and m.optional for m in cores)
+    assert {m.config["workload"] for m in concurrent(quick)} == {"cnn-small"}
     crowded = [m for m in full if m.key.startswith("collectives-shared")]
     launches = [m for m in full if m.config["kind"] == "collectives" and m not in crowded]
     assert [m.optional for m in launches] == [False, True, True]

@@ -174,3 +174,86 @@ def test_whole_step_factor_is_the_median_ratio_and_scales_the_passes_only():
     assert np.allclose(b.backward_s, 1.5 * a.backward_s)
     assert b.optimizer_s == a.optimizer_s
     assert local.compute.whole_step_factor == 1.0          # not measured: no stretch
+
+
+# -- per workload (compute.by_workload): working sets differ, so contention and whole steps do --
+
+class _ConcurrentRun:
+    """A stored concurrent compute run: `busy` ranks of `workload`, each with its summary."""
+
+    def __init__(self, workload: str, busy: int, step_s: float, cpu_s: float):
+        class Row:
+            pass
+        self.row = Row()
+        self.row.id, self.row.workload, self.row.world_size = 1, workload, busy
+        self.row.batch_size = 64 if workload == "mlp" else 32
+        self._rows = [{"rank": r, "key": k, "value": v} for r in range(busy)
+                      for k, v in (("busy_processes", busy), ("concurrent_step_s", step_s),
+                                   ("concurrent_cpu_s", cpu_s), ("load1_before", 0.5))]
+
+    def table(self, name: str):
+        return self._rows if name == "summaries" else []
+
+
+def _concurrent_runs(workload: str, kappa: float, whole: float, cluster) -> list:
+    """Model-made runs: 1, 2, 3 busy processes, twice, of a workload with these factors."""
+    from perfmodel.sim.compute import unit_times
+    from perfmodel.workload import load_workload
+
+    w = load_workload(workload)
+    alone = whole * unit_times(cluster, w, 64 if workload == "mlp" else 32,
+                               optimizer_param_fraction=0).step_s
+    out = []
+    for _ in range(2):
+        for busy in (1, 2, 3):
+            cpu = alone * (1 + kappa * (min(busy, 2) - 1))
+            out.append(_ConcurrentRun(workload, busy, cpu * max(1.0, busy / 2), cpu))
+    return out
+
+
+def test_each_workload_gets_its_own_whole_step_factor_and_contention(monkeypatch):
+    from pathlib import Path
+
+    from calibration.from_store import _by_workload
+    from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
+    from perfmodel.cluster import load_cluster, parse_profile
+    from perfmodel.sim.compute import unit_times
+    from perfmodel.workload import load_workload
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    local = load_cluster("local")
+    # as seen on this host (cluster.WorkloadCompute): the mlp contends, cnn-small hardly
+    runs = (_concurrent_runs("mlp", 0.25, 1.13, local)
+            + _concurrent_runs("cnn-small", 0.04, 1.40, local))
+    notes: list[str] = []
+    fits = _by_workload(runs, local, notes)
+    got = {f.workload: f for f in fits}
+    assert set(got) == {"mlp", "cnn-small"}
+    assert got["mlp"].core_contention.value == pytest.approx(0.25, rel=1e-6)
+    assert got["mlp"].whole_step_factor.value == pytest.approx(1.13, rel=1e-6)
+    assert got["cnn-small"].core_contention.value == pytest.approx(0.04, rel=1e-6)
+    assert got["cnn-small"].whole_step_factor.value == pytest.approx(1.40, rel=1e-6)
+    assert got["mlp"].core_contention.parameter == "compute.by_workload.mlp.core_contention"
+    # one workload alone: its fits are the defaults, nothing by workload
+    assert _by_workload(_concurrent_runs("mlp", 0.25, 1.13, local), local, []) == ()
+
+    # through the profile: each workload's own where fitted, the defaults elsewhere
+    info = RunInfo(host="box", device_names=("CPU core",), versions="torch", runs=12,
+                   cpu_cores=2)
+    default = fit_core_contention(timings(0.1), cores=2)
+    data = build_profile("mine", local, MeasuredFits(core_contention=default,
+                                                     by_workload=fits), info)
+    assert "compute.by_workload" in data["calibration"]["measured"]
+    cluster = parse_profile(data, Path("mine.toml"))
+    assert cluster.compute.contention("mlp") == pytest.approx(0.25, rel=1e-6)
+    assert cluster.compute.contention("transformer-small") == pytest.approx(0.1, rel=1e-6)
+    assert cluster.compute.whole_step("cnn-small") == pytest.approx(1.40, rel=1e-6)
+    assert cluster.compute.whole_step("transformer-small") == cluster.compute.whole_step_factor
+    assert cluster.compute_share(2, "mlp") == pytest.approx(1.25, rel=1e-6)
+    assert cluster.compute_share(2) == pytest.approx(1.1, rel=1e-6)
+    mlp, tiny = load_workload("mlp"), load_workload("transformer-small")
+    assert np.allclose(unit_times(cluster, mlp, 64, busy=2).forward_s,
+                       1.13 * 1.25 * unit_times(local, mlp, 64).forward_s)
+    assert np.allclose(unit_times(cluster, tiny, 16, busy=2).forward_s,
+                       cluster.compute.whole_step_factor * 1.1
+                       * unit_times(local, tiny, 16).forward_s)

@@ -70,14 +70,15 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     1 + (compute.overlap_slowdown - 1) x in_flight: compute runs slower only while NCCL
     kernels share its SMs and HBM (Lee, Phanishayee & Mahajan 2025, arXiv:2507.03114).
     `busy` processes share the node's compute cores (a CPU host): every pass and the
-    optimizer step are stretched by `cluster.compute_share(busy)` (1 on a GPU). Every pass
-    is also x `compute.whole_step_factor` (a whole step's passes over their sum unit by unit).
+    optimizer step are stretched by `cluster.compute_share(busy, workload)` (1 on a GPU).
+    Every pass is also x the workload's whole-step factor (`Compute.whole_step`: a whole
+    step's passes over their sum unit by unit).
     """
     key = workload.precision_spec.compute_key
     ratio, bytes_ratio = cluster.compute.backward_flops_ratio, cluster.compute.backward_bytes_ratio
     scale = workload.element_bytes / workload.activation_element_bytes
     slow = 1.0 + (cluster.compute.overlap_slowdown - 1.0) * min(max(in_flight, 0.0), 1.0)
-    whole = cluster.compute.whole_step_factor
+    whole = cluster.compute.whole_step(workload.name)
     stretch = {p: whole * (slow if p in overlapped else 1.0) for p in ("forward", "backward")}
     fwd = stretch["forward"] * np.array(
         [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key,
@@ -91,7 +92,7 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
     bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
-    share = cluster.compute_share(busy)
+    share = cluster.compute_share(busy, workload.name)
     return UnitTimes(share * fwd, share * bwd,
                      share * optimizer_seconds(cluster, workload, optimizer_param_fraction))
 

@@ -81,9 +81,9 @@ def device_share(busy: float) -> float:
     return max(1.0, busy)
 
 
-def ranks_note(cluster, ranks: int) -> tuple[str, ...]:
+def ranks_note(cluster, ranks: int, workload: str | None = None) -> tuple[str, ...]:
     """DDP/FSDP: a note when the node's ranks share its cores (none on GPUs or when they fit)."""
-    share = cluster.compute_share(ranks)
+    share = cluster.compute_share(ranks, workload)
     if share <= 1.0:
         return ()
     return (f"{ranks} ranks share {cluster.compute_cpu_cores_per_node} cores per node: "

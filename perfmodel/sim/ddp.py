@@ -234,4 +234,4 @@ class DDP:
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events,
                          notes=(note, *ranks_note(cluster, cluster.ranks_busy(
-                             min(n, cluster.devices_per_node)))))
+                             min(n, cluster.devices_per_node)), scenario.workload.name)))

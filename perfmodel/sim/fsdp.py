@@ -108,7 +108,7 @@ def copy_seconds(scenario: Scenario, regather: bool, busy: float) -> tuple[np.nd
     units = len(wl.units)
     if n < 2:
         return np.zeros(units), np.zeros(units)
-    rate = cluster.compute.optimizer_GBps * 1e9 / cluster.compute_share(busy)
+    rate = cluster.compute.optimizer_GBps * 1e9 / cluster.compute_share(busy, wl.name)
     shard = 1.0 + 1.0 / n                   # the whole buffer once, the shard once
     gather = np.array([u.params * wl.precision_spec.compute_bytes * shard
                        for u in wl.units]) / rate
@@ -253,6 +253,7 @@ class FSDP:
         if blocking and n > 1:
             notes += ("collectives block the rank (gloo: FSDP2 issues them synchronously); "
                       "none overlaps compute",)
-        notes += ranks_note(cluster, cluster.ranks_busy(min(n, cluster.devices_per_node)))
+        notes += ranks_note(cluster, cluster.ranks_busy(min(n, cluster.devices_per_node)),
+                            wl.name)
         return SimResult(steps=tuple(steps), updates=tuple(updates), comms=tuple(comms),
                          events=env.events, notes=notes)

@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from heapq import heappush
 
 import numpy as np
@@ -285,6 +285,7 @@ class _PSRun:
         # stretch, per-node transfer stretch) from the previous round of the fixed point,
         # and the spans it measures
         self.cluster, self.stretch = cluster, stretch
+        self.workload_name = wl.name
         worker_stretch, server_stretch, link_stretch = stretch or (None, None, None)
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
                                      worker_stretch)
@@ -579,6 +580,7 @@ def _sharing_stretch(run: _PSRun, first: bool = False
     if not groups:
         return None
     cluster = run.cluster
+    on_cores_share = partial(cluster.compute_share, workload=run.workload_name)
     workers, servers = [1.0] * run.workers, [1.0] * len(run.servers)
     copying = cluster.comm_cpu_cores_per_node > 0 and all(g[2] for g in groups)
     links = [1.0] * run.hardware.nodes if copying else None
@@ -586,10 +588,10 @@ def _sharing_stretch(run: _PSRun, first: bool = False
         if first:
             if on_cores:
                 for w in ws:
-                    workers[w] = cluster.compute_share(cluster.ranks_busy(len(ws)))
+                    workers[w] = on_cores_share(cluster.ranks_busy(len(ws)))
             continue
         compute = [span for w in ws for span in run.compute_spans[w]]
-        share = cluster.compute_share if on_cores else cores.device_share
+        share = on_cores_share if on_cores else cores.device_share
         copies = [run.copy_spans[node]] if copying else []
         applies = [run.servers[i].spans for i in ss]
         if cluster.compute_occupies_cores:
