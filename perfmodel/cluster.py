@@ -91,8 +91,9 @@ class WorkloadCompute:
     (calibration/fit_cores.py): they differ by workload, as its working set does. Seen on
     2 cores (2026-12-03, one thread per process): the mlp (52 MB of weights, gradients and
     momentum) ran 1.21-1.29x slower beside a second copy of itself, thread CPU time up as
-    much (shared L3 and memory bandwidth), cnn-small 0.94-1.08x; the mlp's whole step was
-    ~1.13x its units timed apart, cnn-small's 1.36-1.43x."""
+    much (shared L3 and memory bandwidth), cnn-small 0.94-1.08x. A calibration the same day
+    fitted mlp 1.26 / 0.00, cnn-small 1.54 / 0.06, transformer-small 1.17 / 0.04 (whole step
+    / κ): the mlp's contention did not show in its concurrent runs."""
 
     workload: str
     whole_step_factor: float
@@ -132,20 +133,18 @@ class Compute:
     def efficiency(self, flops: float) -> float:
         return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
 
-    def _for(self, workload: str | None) -> WorkloadCompute:
-        for w in self.by_workload:
-            if w.workload == workload:
-                return w
-        return WorkloadCompute(workload=workload or "", whole_step_factor=self.whole_step_factor,
-                               core_contention=self.core_contention)
+    def _own(self, workload: str | None) -> WorkloadCompute | None:
+        return next((w for w in self.by_workload if w.workload == workload), None)
 
     def whole_step(self, workload: str | None = None) -> float:
         """The whole-step factor of `workload` (its own where fitted, else the default)."""
-        return self._for(workload).whole_step_factor
+        own = self._own(workload)
+        return self.whole_step_factor if own is None else own.whole_step_factor
 
     def contention(self, workload: str | None = None) -> float:
         """The core contention κ of `workload` (its own where fitted, else the default)."""
-        return self._for(workload).core_contention
+        own = self._own(workload)
+        return self.core_contention if own is None else own.core_contention
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
