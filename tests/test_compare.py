@@ -20,6 +20,7 @@ What is checked and why:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from perfmodel.compare import figures, report
 from perfmodel.compare.matching import (
     Comparison,
     Quantity,
+    counts,
     headline,
     relative_error,
     steady_staleness,
@@ -89,6 +91,33 @@ def _row(key: str, pred: float, meas: list[float], mode: str = "real",
         staleness_w1=None, predicted_breakdown={"compute_s": 0.05, "comm_exposed_s": 0.01,
                                                 "wait_s": 0.0},
         measured_breakdown={"compute_s": 0.05, "comm_wait_s": 0.02})
+
+
+def _ssp_row(per_worker: dict, speed=(1.0, 1.0, 1.0, 0.5)) -> Comparison:
+    pred = float(np.mean([p for p, _ in per_worker.values()]))
+    meas = float(np.mean([m for _, m in per_worker.values()]))
+    base = _row("ssp", 0.1, [0.1], "timed-wait", "ssp-ps")
+    q = dict(base.quantities, staleness_mean=Quantity.of(pred, [meas]))
+    return dataclasses.replace(base, quantities=q, speed=speed, workers=len(speed),
+                               staleness_per_worker=per_worker)
+
+
+def test_staleness_counts_each_speeds_mean_not_one_exchangeable_worker():
+    # the SSP row of reports/local-2026-12-03-heldout-p2pcurve: three equal workers served in
+    # a different order than the model's (worker 0 first) and one at half speed
+    r = _ssp_row({0: (0.45, 0.82), 1: (1.36, 1.55), 2: (2.18, 1.91), 3: (3.2, 3.3)})
+    fast = r.staleness_by_speed[1.0]
+    assert fast == (pytest.approx(3.99 / 3), pytest.approx(4.28 / 3))
+    assert r.staleness_by_speed[0.5] == (pytest.approx(3.2), pytest.approx(3.3))
+    assert r.staleness_worst_worker[0] == 0                # -45 %: shown, not counted
+    assert counts(r, "staleness_mean")[0] == pytest.approx(3.99 / 4.28 - 1)
+    # a class mean can be wrong: the fast workers' staleness a third too high is counted
+    wrong = _ssp_row({0: (1.1, 0.82), 1: (2.1, 1.55), 2: (2.6, 1.91), 3: (3.2, 3.3)})
+    assert counts(wrong, "staleness_mean")[0] == pytest.approx(5.8 / 4.28 - 1)
+    # workers of different speeds each are a class of one
+    two = _ssp_row({0: (0.57, 0.64), 1: (1.6, 1.7)}, speed=(1.0, 0.5))
+    assert two.staleness_worst_speed[0] == 1.0
+    assert counts(two, "staleness_mean")[0] == pytest.approx(0.57 / 0.64 - 1)
 
 
 def test_headline_median_and_max_of_absolute_errors():

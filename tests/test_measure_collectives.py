@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from measure.configs import parse_size
 from measure.launch import launch, live_processes
-from measure.runs.collectives import OPS, message_sizes, op_sizes
+from measure.runs.collectives import OPS, PER_CALL, call_times_s, message_sizes, op_sizes
 from measure.store import Store
 from measure.summary import render_collectives
 from perfmodel.cli import cli
@@ -40,6 +40,14 @@ def test_sharded_ops_round_to_whole_elements_per_rank():
     # 4 ranks of float32: all-gather/reduce-scatter need S a multiple of 16 bytes
     assert op_sizes("all-gather", [8, 16, 32, 100], 4, 4) == [16, 32, 96]
     assert op_sizes("all-reduce", [8, 16, 30], 4, 4) == [8, 16, 28]
+
+
+def test_ping_pong_time_is_the_median_call_and_keeps_the_mean():
+    # three fast round trips and one with a wake-up: t is the typical call, one way
+    t, mean = call_times_s([2e-4, 2e-4, 2.2e-4, 4.2e-3], wall_s=4.82e-3, iters=4, legs=2)
+    assert t == 1.05e-4 and mean == 4.82e-3 / 4 / 2
+    # ops timed back to back (no per-call times) keep nccl-tests' mean
+    assert call_times_s([], wall_s=1e-3, iters=10, legs=1) == (1e-4, 1e-4)
 
 
 def test_cli_sizes_use_binary_multiples():
@@ -99,6 +107,8 @@ def test_a_two_rank_gloo_sweep_follows_nccl_tests_definitions(tmp_path):
             # each rank's CPU time over its wall time, averaged: a process of 1 torch
             # thread plus gloo's I/O threads cannot use more than the 2 cores
             assert 0 < r["cpu_busy_fraction"] <= (os.cpu_count() or 1)
+            # ping-pong's t is a median of per-call times; its mean is stored beside it
+            assert ("time_mean_s" in r) == (op in PER_CALL)
     assert {r["rank"] for r in rows} == {0}
     assert live_processes(result.run_dir) == []
 

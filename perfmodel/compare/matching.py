@@ -249,7 +249,7 @@ class Comparison:
         if rec.ps_mode == "ssp":
             return "SSP: the bound holds fast workers back"
         if len(set(self.speed)) > 1:
-            return "asynchronous, workers of different speeds: per-worker staleness differs"
+            return "asynchronous, workers of different speeds: staleness differs by speed"
         return ""
 
     @property
@@ -258,6 +258,30 @@ class Comparison:
         misses most; None without per-worker means."""
         found = [(w, p, m, relative_error(p, m)) for w, (p, m) in
                  sorted(self.staleness_per_worker.items())]
+        found = [f for f in found if f[3] is not None]
+        return max(found, key=lambda f: abs(f[3])) if found else None
+
+    @property
+    def staleness_by_speed(self) -> dict[float, tuple[float, float]]:
+        """speed -> (predicted, measured) mean staleness over the workers of that speed.
+        Workers of one speed are exchangeable in the configuration: which of them the server
+        serves first when a synchronisation releases them all is an implementation's order
+        (the model's in worker index, the measured server's in arrival order), so a fast
+        worker's own mean tests the tie-break, and the mean over its class tests the model."""
+        groups: dict[float, list[tuple[float, float]]] = {}
+        for w, (p, m) in self.staleness_per_worker.items():
+            if p is not None and m is not None:
+                speed = self.speed[w] if w < len(self.speed) else 1.0
+                groups.setdefault(speed, []).append((p, m))
+        return {s: (float(np.mean([p for p, _ in g])), float(np.mean([m for _, m in g])))
+                for s, g in sorted(groups.items())}
+
+    @property
+    def staleness_worst_speed(self) -> tuple[float, float, float, float] | None:
+        """(speed, predicted, measured, error) of the speed class whose mean staleness the
+        model misses most; None without per-worker means."""
+        found = [(s, p, m, relative_error(p, m)) for s, (p, m) in
+                 self.staleness_by_speed.items()]
         found = [f for f in found if f[3] is not None]
         return max(found, key=lambda f: abs(f[3])) if found else None
 
@@ -363,7 +387,7 @@ def counts(r: Comparison, quantity: str) -> tuple[float | None, str]:
             return None, ""
         if not r.staleness_can_be_wrong:
             return None, "cannot be wrong (synchronous, or asynchronous with equal workers)"
-        worst = r.staleness_worst_worker
+        worst = r.staleness_worst_speed
         if strategy_records.get(r.strategy).ps_mode == "ssp":
             found = [e for e in (q.error, worst[3] if worst else None) if e is not None]
             return (max(found, key=abs) if found else None), "not measured"

@@ -27,8 +27,8 @@ NAMES = {"throughput": "throughput", "step_time": "step time", "peak_memory": "p
 # the headline's names: what is counted where it can be wrong (matching.counts)
 HEAD_NAMES = {"throughput": "throughput", "step_time": "step time",
               "peak_memory": "peak memory, configurations unlike set A",
-              "staleness_mean": "PS staleness (SSP: pooled and per-worker means; async with "
-                                "stragglers: per-worker means)"}
+              "staleness_mean": "PS staleness (SSP: pooled and per-speed means; async with "
+                                "stragglers: per-speed means)"}
 W1_LEGEND = ("W1 = Wasserstein-1 (earth mover's) distance between the predicted and the "
              "measured staleness distributions, in versions: how far, on average, each "
              "update's staleness must move to turn one distribution into the other (0: the "
@@ -70,6 +70,10 @@ def row_values(r: Comparison) -> dict[str, Any]:
     out["staleness_worst_worker"] = None if worst is None else worst[0]
     out["staleness_worst_worker_predicted"] = None if worst is None else worst[1]
     out["staleness_worst_worker_measured"] = None if worst is None else worst[2]
+    speed = r.staleness_worst_speed
+    out["staleness_worst_speed"] = None if speed is None else speed[0]
+    out["staleness_worst_speed_predicted"] = None if speed is None else speed[1]
+    out["staleness_worst_speed_measured"] = None if speed is None else speed[2]
     out["staleness_headline_error"] = counts(r, "staleness_mean")[0]
     out["speed"] = " ".join(f"{v:g}" for v in r.speed)
     out["memory_method"] = r.memory_method
@@ -255,21 +259,30 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
            "A synchronous PS has staleness 0 by construction and an asynchronous PS with one "
            "gradient in flight per worker has a pooled mean of N − 1 whatever its "
            "implementation, so neither is a test. Listed: SSP, and asynchronous PS with "
-           "workers of different speeds, where each worker's own mean and the distribution "
-           "can be wrong. " + W1_LEGEND, "",
+           "workers of different speeds, where the mean of each speed's workers and the "
+           "distribution can be wrong. The mean over the workers of one speed is counted, "
+           "not one worker's own: workers of one speed are exchangeable, and which of them "
+           "the server serves first when a synchronisation releases them all is an "
+           "implementation's order (the model's by worker index); the worst single worker "
+           "is shown beside it, not counted. " + W1_LEGEND, "",
            "| config | why it can be wrong | pooled mean pred | pooled mean meas | worst "
-           "worker: pred / meas | counted error | W1 (versions) |", "|---|---|---|---|---|---|---|"]
+           "speed: pred / meas | counted error | worst worker: pred / meas (not counted) | "
+           "W1 (versions) |", "|---|---|---|---|---|---|---|---|"]
     errs = []
     for r in chosen:
         q = r.quantities["staleness_mean"]
         w = r.staleness_worst_worker
         worst = (f"worker {w[0]}: {w[1]:.2f} / {w[2]:.2f} ({pct(w[3])})" if w else
                  "not recorded")
+        c = r.staleness_worst_speed
+        speed = (f"speed {c[0]:g}: {c[1]:.2f} / {c[2]:.2f} ({pct(c[3])})" if c else
+                 "not recorded")
         err, _ = counts(r, "staleness_mean")
         if err is not None:
             errs.append((abs(err), r.key, err))
         out.append(f"| {r.key} | {r.staleness_can_be_wrong} | {fmt(q.predicted)} | "
-                   f"{fmt(q.measured)} | {worst} | {pct(err)} | {fmt(r.staleness_w1)} |")
+                   f"{fmt(q.measured)} | {speed} | {pct(err)} | {worst} | "
+                   f"{fmt(r.staleness_w1)} |")
     w1 = [(r.staleness_w1, r.key) for r in chosen if r.staleness_w1 is not None]
     worst_lines = []
     if errs:
