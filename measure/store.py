@@ -33,11 +33,10 @@ memory       peak memory of one rank: peak_bytes, params_bytes, grads_bytes, opt
              activations_bytes, other_bytes, method (how it was measured).
 collectives  one collective at one size (nccl-tests, doc/PERFORMANCE.md): op, bytes (S, the
              total size nccl-tests reports), count (elements), dtype, time_s (slowest rank's
-             mean per iteration; ping-pong: median), algbw_GBps (S/t), busbw_GBps,
-             busbw_factor; in extra_json time_mean_s (ping-pong's mean, runs from
-             2026-12-03 on), cpu_busy_fraction (each rank's CPU seconds over wall
-             seconds in the timed loop, averaged over ranks; runs before 2026-12-03 lack
-             it).
+             mean per iteration), algbw_GBps (S/t), busbw_GBps, busbw_factor; in
+             extra_json time_median_s (ping-pong's median call, runs from 2026-12-03 on)
+             and cpu_busy_fraction (each rank's CPU seconds over wall seconds in the timed
+             loop, averaged over ranks; runs before 2026-12-03 lack it).
 compute      forward or backward time of one workload unit: unit, batch_size, pass
              ("forward" | "backward"), median_s, iqr_s, repeats.
 evals        held-out evaluation: step, time_s, accuracy, loss.

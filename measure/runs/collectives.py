@@ -2,24 +2,26 @@
 
 For every op and size: `warmup_iters` untimed calls, a barrier, `iters` back-to-back timed
 calls (the device synchronised at the end), the mean time per call on each rank, and the
-slowest rank's mean (an all-reduce MAX) as the time t (ping-pong: the median, see below). As
-nccl-tests (doc/PERFORMANCE.md): S is the total size (all-reduce: the buffer; all-gather:
-the gathered output; reduce-scatter: the input; broadcast and send/recv: the buffer), algbw
-= S / t and busbw = algbw x factor, the factor from `perfmodel.sim.collectives.busbw_factor`
-(2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast,
-send/recv and ping-pong). send/recv pairs ranks 2k and 2k+1, each sending S bytes to and
-receiving S bytes from its partner at once. ping-pong pairs them the same way: 2k sends S
-bytes to 2k+1, which sends them back; its t is one way, half the round trip (OSU's
-osu_latency): the point-to-point message a parameter server's push or pull is. Ping-pong
-times every call on its own (at least PER_CALL_MIN_ITERS of them) and takes the median, not
-the mean: over gloo on a CPU host a quarter or so of the calls at 64 KB-4 MB take 1-4 ms
-more (a blocked receiver's wake-up; timed 40 calls a size on an idle host: 256 KB median
-0.25-0.28 ms, mean 0.54-0.90), so a mean of ten carries one or two of them and rises and
-falls with them; the mean is kept beside it (`time_mean_s`). An unpaired last rank sits out
-of both. Rank 0 writes one "collective" record per op and size, with `cpu_busy_fraction`:
-each rank's CPU seconds (all its threads, user and system) over its wall seconds in the
-timed loop, averaged over the ranks; how much of a collective keeps a core busy
-(calibration/fit_comm_sharing.py).
+slowest rank's mean (an all-reduce MAX) as the time t. As nccl-tests (doc/PERFORMANCE.md): S
+is the total size (all-reduce: the buffer; all-gather: the gathered output; reduce-scatter:
+the input; broadcast and send/recv: the buffer), algbw = S / t and busbw = algbw x factor,
+the factor from `perfmodel.sim.collectives.busbw_factor` (2(n-1)/n for all-reduce, (n-1)/n
+for all-gather and reduce-scatter, 1 for broadcast, send/recv and ping-pong). send/recv
+pairs ranks 2k and 2k+1, each sending S bytes to and receiving S bytes from its partner at
+once. ping-pong pairs them the same way: 2k sends S bytes to 2k+1, which sends them back;
+its t is one way, half the round trip (OSU's osu_latency): the point-to-point message a
+parameter server's push or pull is. Ping-pong times at least PER_CALL_MIN_ITERS calls, each
+on its own: t is their mean, and the median is kept beside it (`time_median_s`). Over gloo
+on a CPU host a quarter or so of the calls at 64 KB-4 MB take 1-4 ms more (a blocked
+receiver's wake-up; 40 calls a size timed on an idle host: 256 KB median 0.25-0.28 ms, mean
+0.54-0.90), so a mean of ten rose and fell with one or two of them. Fitting the median
+instead was tried (2026-12-03): the calibration's 1-worker PS round trip went from +92 % to
++12 %, but every held-out PS run of 2-8 workers came out 15-34 % too fast
+(reports/local-2026-12-03-heldout-median): runs of several processes do see the wake-ups, so
+the fit keeps the mean. An unpaired last rank sits out of both. Rank 0 writes one
+"collective" record per op and size, with `cpu_busy_fraction`: each rank's CPU seconds (all
+its threads, user and system) over its wall seconds in the timed loop, averaged over the
+ranks; how much of a collective keeps a core busy (calibration/fit_comm_sharing.py).
 
 config keys (None or absent = the default for the device): ops, min_bytes, max_bytes,
 factor, iters, warmup_iters, dtype.
@@ -36,8 +38,8 @@ from perfmodel.sim.collectives import busbw_factor
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send-recv", "ping-pong")
 PAIRED = ("send-recv", "ping-pong")
 LEGS = {"ping-pong": 2}                              # messages one timed call sends in turn
-PER_CALL = ("ping-pong",)                            # timed call by call: t is the median
-PER_CALL_MIN_ITERS = 40     # a median of 10 calls still lands on the slow mode now and then
+PER_CALL = ("ping-pong",)                            # timed call by call: median kept
+PER_CALL_MIN_ITERS = 40     # 10 calls hold one or two 1-4 ms wake-ups, or none
 REDUCING = ("all-reduce", "reduce-scatter")          # nccl-tests' redop column: sum
 SHARDED = ("all-gather", "reduce-scatter")           # S must split evenly across ranks
 # Defaults: nccl-tests' usual 8 B .. 256 MiB x2 on GPUs; on CPU (gloo over loopback at about
@@ -126,23 +128,23 @@ def run(ctx) -> None:
             busy = torch.tensor([cpu / wall], dtype=torch.float64, device=ctx.device)
             dist.all_reduce(busy)                           # summed; the mean below
             if rank == 0:
-                time_s, mean_s = mine.tolist()
+                time_s, median_s = mine.tolist()
                 factor = busbw_factor(op, n)
                 algbw = size / time_s / 1e9
                 ctx.recorder.write("collective", op=op, bytes=size, count=size // elem,
                                    dtype=s["dtype"], time_s=time_s, algbw_GBps=algbw,
                                    busbw_GBps=algbw * factor, busbw_factor=factor,
                                    cpu_busy_fraction=busy.item() / n,
-                                   **({"time_mean_s": mean_s} if calls else {}))
+                                   **({"time_median_s": median_s} if calls else {}))
             del call
 
 
 def call_times_s(calls: list[float], wall_s: float, iters: int, legs: int
                  ) -> tuple[float, float]:
-    """(t, mean) of one leg: t the median of the per-call times where there are any, else
-    the mean; each divided by the legs a call sends in turn"""
+    """(mean, median) of one leg: the median of the per-call times where there are any,
+    else the mean; each divided by the legs a call sends in turn"""
     mean = wall_s / iters / legs
-    return (statistics.median(calls) / legs if calls else mean), mean
+    return mean, (statistics.median(calls) / legs if calls else mean)
 
 
 def _timed_calls(call, sync, iters: int, per_call: bool) -> list[float]:

@@ -262,9 +262,9 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
            "workers of different speeds, where the mean of each speed's workers and the "
            "distribution can be wrong. The mean over the workers of one speed is counted, "
            "not one worker's own: workers of one speed are exchangeable, and which of them "
-           "the server serves first when a synchronisation releases them all is an "
-           "implementation's order (the model's by worker index); the worst single worker "
-           "is shown beside it, not counted. " + W1_LEGEND, "",
+           "pushes first after a synchronisation releases them is the server's reply order "
+           "reshuffled by step-time noise, which the model carries only as its jitter; the "
+           "worst single worker is shown beside it, not counted. " + W1_LEGEND, "",
            "| config | why it can be wrong | pooled mean pred | pooled mean meas | worst "
            "speed: pred / meas | counted error | worst worker: pred / meas (not counted) | "
            "W1 (versions) |", "|---|---|---|---|---|---|---|---|"]
