@@ -202,7 +202,9 @@ def fit_and_write(cls, fitted: dict[str, Any], plan: dict[str, Any], check):
 
 
 def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any],
-                path: Path = CHECK_FILE) -> None:
+                path: Path = CHECK_FILE, *, title: str = "The second held-out accuracy check, "
+                "accuracy_plan_v2.toml", command: str = COMMAND, legend: tuple[str, ...] = ()
+                ) -> None:
     """Every group of every class given, misses included; classes already there are kept."""
     old = tomllib.loads(path.read_text()).get("classes", {}) if path.is_file() else {}
     blocks = {name: (summary.pop("held_out", []), summary) for name, summary in old.items()
@@ -210,12 +212,13 @@ def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any
     blocks.update({name: (rows, dict(summary, date=now()))
                    for name, (rows, summary) in results.items()})
     order = [c["name"] for c in plan["classes"]]
-    lines = ["# The second held-out accuracy check, accuracy_plan_v2.toml as run by",
-             f"# `{COMMAND}`: every group of every class, misses included.",
+    lines = [f"# {title} as run by",
+             f"# `{command}`: every group of every class, misses included.",
              "# penalty = synchronous mean accuracy - accuracy at the class's budget, in "
              "points; seed_sd_points = SD over the",
              "# group's seeds; standard_error_points = seed_sd / sqrt(seeds); risk = the "
              "model's flag (near is never an exemption).",
+             *(f"# {line}" for line in legend),
              f"date = {toml_value(now())}",
              f"classes_run = {toml_value([n for n in order if n in blocks])}",
              f"classes_not_run = {toml_value([n for n in order if n not in blocks])}", ""]

@@ -285,8 +285,10 @@ def curve_points(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return u, np.array([observed(run, int(x)) for x in u])
 
 
-def fit_curve(sync: list[dict[str, Any]]) -> LearningCurve:
-    """Least squares of the stretched exponential on every synchronous evaluation."""
+def fit_curve(sync: list[dict[str, Any]], measured: bool = False) -> LearningCurve:
+    """Least squares of the stretched exponential on every synchronous evaluation; with
+    `measured`, the curve also keeps the runs' mean accuracy at each evaluation (read there,
+    the formula only beyond the last: perfmodel/accuracy/model.py LearningCurve)."""
     from scipy.optimize import least_squares
 
     points = [curve_points(r) for r in sync]
@@ -303,8 +305,16 @@ def fit_curve(sync: list[dict[str, Any]]) -> LearningCurve:
     fit = least_squares(residuals, x0=[float(acc.max()), np.log(u.max() / 4), 0.0],
                         bounds=([a0 + 1e-3, 0.0, -3.0], [1.0, 10.0, 3.0]))
     a_inf, log_scale, log_shape = fit.x
+    table = ()
+    if measured:
+        if any(not np.array_equal(p[0], points[0][0]) for p in points):
+            raise PerfmodelError("a measured curve needs synchronous runs evaluated at the "
+                                 "same updates")
+        mean = np.mean([p[1] for p in points], axis=0)
+        table = tuple((int(x), round(float(a), 5)) for x, a in zip(points[0][0], mean,
+                                                                    strict=True))
     return LearningCurve(a0=a0, a_inf=float(a_inf), scale_updates=float(np.exp(log_scale)),
-                         shape=float(np.exp(log_shape)))
+                         shape=float(np.exp(log_shape)), measured=table)
 
 
 def seed_spread(sync: list[dict[str, Any]]) -> float:
@@ -543,6 +553,10 @@ def settings_lines(s: dict[str, Any]) -> list[str]:
             "# acc(u) = a_inf - (a_inf - a0) * exp(-(u / scale) ** shape)",
             f"curve_a0 = {c.a0!r}", f"curve_a_inf = {c.a_inf!r}",
             f"curve_scale_updates = {c.scale_updates!r}", f"curve_shape = {c.shape!r}",
+            *(["# the synchronous seeds' mean accuracy at each evaluation [updates, accuracy]: "
+               "read there, the formula beyond",
+               f"curve_measured = {_toml_value([list(p) for p in c.measured])}"]
+              if c.measured else []),
             f"seed_sd = {s['seed_sd']!r}", f"fit_rms = {s['fit_rms']!r}",
             f"band = {s['band']!r}", f"sync_observed = {s['sync_observed']!r}",
             "# an update is worth (lr_applied / lr) ** rate_exponent / (1 + beta * tau)",

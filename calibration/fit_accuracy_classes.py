@@ -197,14 +197,16 @@ def mlp_seed_runs(keys: list[Key]) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 
 def fit_setting(data: dict[str, Any], fitted: set[str], optimizer: str, lr: float,
-                updates: int, is_unstable=unstable) -> dict[str, Any]:
+                updates: int, is_unstable=unstable, measured_curve: bool = False
+                ) -> dict[str, Any]:
     """calibration/fit_accuracy.py's fit of one setting, on the sync and `fitted` runs;
-    `is_unstable` is the plan's stability rule (v1: unstable; v2: accuracy_unstable)."""
+    `is_unstable` is the plan's stability rule (v1: unstable; v2: accuracy_unstable);
+    `measured_curve` keeps the synchronous runs' mean curve (v3)."""
     runs, profiles = data["runs"], data["profiles"]
     sync = [r for r in runs if r["profile"] == "sync"]
     if len(sync) < 2:
         raise PerfmodelError("the fit needs at least 2 synchronous runs")
-    curve = fit_curve(sync)
+    curve = fit_curve(sync, measured=measured_curve)
     momentum = OPTIMIZER_MOMENTUM[optimizer]
     fitting = [r for r in runs if r["profile"] in fitted]
     points = [(instability(np.zeros(1), lr, momentum, "none"), is_unstable(r)) for r in sync]

@@ -51,21 +51,42 @@ OPTIMIZER_MOMENTUM = {"sgd": 0.0, "momentum": 0.9, "adam": 0.9}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LearningCurve:
-    """acc(u) = a_inf − (a_inf − a0)·exp(−(u / scale_updates)^shape) (a stretched exponential)."""
+    """acc(u) = a_inf − (a_inf − a0)·exp(−(u / scale_updates)^shape) (a stretched exponential),
+    or, where `measured` is given, the synchronous runs' own mean accuracy at each evaluation
+    (updates, accuracy), linear in between, with the stretched exponential only beyond the
+    last evaluation. A measured curve keeps shapes the formula cannot: transformer-pointer's
+    synchronous runs sit on a plateau at 0.28-0.44 for 100-400 updates, then jump to 0.93+
+    (accuracy_plan_v3.toml)."""
 
     a0: float                   # test accuracy of the initial weights
     a_inf: float                # plateau
     scale_updates: float        # updates to close 1 − 1/e of the gap
     shape: float                # 1 = plain saturating exponential
+    measured: tuple[tuple[float, float], ...] = ()     # (updates, accuracy), updates rising
 
     def accuracy(self, updates: float | np.ndarray) -> float | np.ndarray:
         u = np.maximum(np.asarray(updates, dtype=float), 0.0)
         acc = self.a_inf - (self.a_inf - self.a0) * np.exp(-(u / self.scale_updates)
                                                              ** self.shape)
+        if self.measured:
+            at, seen = np.array(self.measured).T
+            acc = np.where(u <= at[-1], np.interp(u, at, seen), acc)
         return float(acc) if acc.ndim == 0 else acc
 
     def updates_to(self, target: float) -> float:
-        """Updates needed to reach `target`; inf when the plateau lies below it."""
+        """Updates needed to reach `target` (a measured curve: its first crossing); inf when
+        the plateau lies below it."""
+        if self.measured:
+            at, seen = np.array(self.measured).T
+            hit = np.nonzero(seen >= target)[0]
+            if len(hit):
+                i = int(hit[0])
+                return 0.0 if i == 0 else float(np.interp(target, seen[i - 1:i + 1],
+                                                          at[i - 1:i + 1]))
+            return max(self._formula_updates_to(target), float(at[-1]))
+        return self._formula_updates_to(target)
+
+    def _formula_updates_to(self, target: float) -> float:
         if target <= self.a0:
             return 0.0
         if target >= self.a_inf:
@@ -193,6 +214,28 @@ def load_accuracy_model(workload: str = "mlp", path: Path | None = None) -> Accu
     return parse_accuracy_model(load_toml(path), path)
 
 
+def measured_curve(raw: object, where: str) -> tuple[tuple[float, float], ...]:
+    """`curve_measured` = [[updates, accuracy], ...]: updates from 0, rising; accuracy in
+    [0, 1]; at least two points (or none: the formula alone)."""
+    if raw == []:
+        return ()
+    bad = PerfmodelError(f"{where}.curve_measured must be [[updates, accuracy], ...]: two or "
+                         f"more points, updates rising from 0, accuracy within [0, 1]")
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise bad
+    points = []
+    for p in raw:
+        if not (isinstance(p, list) and len(p) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in p)):
+            raise bad
+        points.append((float(p[0]), float(p[1])))
+    at = np.array([p[0] for p in points])
+    seen = np.array([p[1] for p in points])
+    if at[0] != 0 or np.any(np.diff(at) <= 0) or np.any((seen < 0) | (seen > 1)):
+        raise bad
+    return tuple(points)
+
+
 def parse_accuracy_model(data: dict, path: Path) -> AccuracyModel:
     f = Fields(data, path)
     raw = data.get("settings")
@@ -209,7 +252,9 @@ def parse_accuracy_model(data: dict, path: Path) -> AccuracyModel:
                                  f"of {', '.join(OPTIMIZER_MOMENTUM)}")
         curve = LearningCurve(a0=s.number("curve_a0"), a_inf=s.number("curve_a_inf"),
                               scale_updates=s.number("curve_scale_updates", positive=True),
-                              shape=s.number("curve_shape", positive=True))
+                              shape=s.number("curve_shape", positive=True),
+                              measured=measured_curve(table.get("curve_measured", []),
+                                                      f"{path}: settings[{i}]"))
         if not curve.a0 < curve.a_inf <= 1:
             raise PerfmodelError(f"{path}: settings[{i}] needs curve_a0 < curve_a_inf <= 1")
         beta = s.table("beta")

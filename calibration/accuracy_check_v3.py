@@ -1,0 +1,238 @@
+"""The third held-out accuracy check (issue 16), exactly as accuracy_plan_v3.toml says.
+
+The plan (committed before any of these runs) fixes the new held-out profiles, the eight seeds
+of every group, the fit data, the curve and the rules (v2's, unchanged). Per class
+(resumable: recorded runs are not repeated; one torch thread; run it under `nice -n 19`):
+
+1. Fit data: every recorded run of the class's setting in the plan's `[fit] runs_files`,
+   one per (profile, mitigation, seed), the first file's first; the synchronous baseline is
+   the plan's synchronous seeds.
+2. Held-out runs, seed-major, into perfmodel/data/accuracy/v3/<class>_heldout_runs.json (the
+   profiles from calibration/fit_accuracy.py simulated_profile, recorded with them).
+3. The model: fitted on the fit data with the synchronous runs' measured curve, under v2's
+   stability rule, written where the plan's class says, with the v3 check as its [check].
+   Beside it, not judged: the model the class had before v3 (kept the first time as
+   v3/<class>_before.toml, so a rerun compares with the same one) and a zero-penalty guess.
+4. The check, by the plan's rules, every group in perfmodel/data/heldout/accuracy_check_v3.toml
+   (--write-check); a class whose runs are not all recorded gets no verdict.
+
+Usage: python -m calibration.accuracy_check_v3 [--fit-only] [--write-check] CLASS [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration import accuracy_check_v2 as v2
+from calibration.fit_accuracy import REPO, accuracy_unstable
+from calibration.fit_accuracy_classes import (
+    classes_of,
+    fit_setting,
+    held_out_rows,
+    key_of,
+    model_toml,
+    now,
+    record_runs,
+    rel,
+    target_of,
+)
+from perfmodel.accuracy.model import ACCURACY_DIR, load_accuracy_model, parse_accuracy_model
+from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import load_toml
+
+PLAN_FILE = REPO / "perfmodel" / "data" / "heldout" / "accuracy_plan_v3.toml"
+CHECK_FILE = REPO / "perfmodel" / "data" / "heldout" / "accuracy_check_v3.toml"
+HELD_OUT_DIR = ACCURACY_DIR / "v3"
+COMMAND = "python -m calibration.accuracy_check_v3"
+BEFORE = {"mlp-digits": ACCURACY_DIR / "mlp.toml"}     # the model a class had before v3
+
+
+def load_plan(path: Path = PLAN_FILE) -> dict[str, Any]:
+    return load_toml(path)
+
+
+def held_out_path(name: str) -> Path:
+    return HELD_OUT_DIR / f"{name}_heldout_runs.json"
+
+
+def class_entry(plan: dict[str, Any], name: str) -> dict[str, Any]:
+    for c in plan["classes"]:
+        if c["name"] == name:
+            return c
+    raise PerfmodelError(f"not a class of the v3 plan: {name}; the plan's: "
+                         f"{', '.join(c['name'] for c in plan['classes'])}")
+
+
+def model_path(plan: dict[str, Any], name: str) -> Path:
+    return REPO / class_entry(plan, name)["writes"].split()[0]
+
+
+def fit_data(cls, plan: dict[str, Any]) -> dict[str, Any]:
+    """Every recorded run of `cls`'s setting in the plan's runs files, one per key, the first
+    seen kept; synchronous runs only of the plan's synchronous seeds."""
+    sync_seeds = set(plan["fit"]["synchronous_seeds"])
+    held_out = set(plan["profiles"]["held_out"])
+    runs, profiles, noise, prov, seen = [], {}, [], None, set()
+    for name in plan["fit"]["runs_files"][cls.name]:
+        data = json.loads((REPO / name).read_text())
+        prov = prov or data["provenance"]
+        noise = noise or data.get("noise_scale", [])
+        for key, value in data["profiles"].items():
+            profiles.setdefault(key, value)
+        for r in data["runs"]:
+            key = key_of(r)
+            if (not v2.same_setting(r, cls) or key in seen or r["profile"] in held_out
+                    or (r["profile"] == "sync" and key[2] not in sync_seeds)):
+                continue
+            seen.add(key)
+            runs.append(r)
+    sync = [r for r in runs if r["profile"] == "sync"]
+    if len(sync) != len(sync_seeds):
+        raise PerfmodelError(f"{cls.name}: {len(sync)} of the {len(sync_seeds)} synchronous "
+                             f"runs the plan names are recorded")
+    return {"provenance": prov, "profiles": profiles, "runs": runs, "noise_scale": noise}
+
+
+def held_out_data(cls, plan: dict[str, Any], record: bool, progress=print) -> dict[str, Any]:
+    path = held_out_path(cls.name)
+    profiles = None if path.exists() else v2.held_out_profiles(plan)
+    if record:
+        return record_runs(cls, v2.held_out_keys(plan), path, profiles, cls.task(),
+                           progress=progress, plan_file=PLAN_FILE)
+    return json.loads(path.read_text()) if path.exists() else {"profiles": profiles,
+                                                                "runs": []}
+
+
+def model_before(plan: dict[str, Any], name: str):
+    """The class's model before v3, kept as v3/<class>_before.toml the first time."""
+    kept = HELD_OUT_DIR / f"{name}_before.toml"
+    if not kept.exists():
+        source = BEFORE.get(name, model_path(plan, name))
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, kept)
+    return load_accuracy_model(path=kept)
+
+
+def fit_model(cls, data: dict[str, Any], plan: dict[str, Any], check=None):
+    """Fit `cls` on `data` with the measured curve; write its TOML when `check` is given."""
+    fitted = {r["profile"] for r in data["runs"]} - {"sync"}
+    setting = fit_setting(data, fitted, cls.optimizer, cls.lr, cls.budget_updates,
+                          is_unstable=accuracy_unstable, measured_curve=True)
+    out = model_path(plan, cls.name)
+    prov = {**data["provenance"], "date": now(), "command": f"{COMMAND} {cls.name}",
+            "runs_recorded": data["provenance"]["date"], "runs": len(data["runs"]),
+            "fitted_profiles": sorted(fitted),
+            "held_out_profiles": list(plan["profiles"]["held_out"]),
+            "stability_rule": "calibration/fit_accuracy.py accuracy_unstable (plan v2, v3)",
+            "curve": plan["fit"]["curve"], "plan": rel(PLAN_FILE),
+            "runs_files": list(plan["fit"]["runs_files"][cls.name]),
+            "held_out_runs_file": rel(held_out_path(cls.name))}
+    text = model_toml(workload=cls.workload, data_set=cls.data_set,
+                      caveat=f"fitted on {cls.description} only", chance=1.0 / classes_of(cls),
+                      batch=64, target=target_of(setting["sync_observed"]), setting=setting,
+                      prov=prov, check=check,
+                      header=f"The accuracy cost of staleness for {cls.name}, fitted by "
+                             f"`{COMMAND} {cls.name}` under accuracy_plan_v3.toml.")
+    model = parse_accuracy_model(tomllib.loads(text), out)
+    if check is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+    return model
+
+
+def check_class(name: str, plan: dict[str, Any], record: bool, progress=print
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from measure.staleness_classes import workload_class
+
+    cls = workload_class(name)
+    before = model_before(plan, name)
+    fitted = fit_data(cls, plan)
+    held = held_out_data(cls, plan, record, progress)
+    keys = set(v2.held_out_keys(plan))
+    runs = [r for r in held["runs"] if key_of(r) in keys]
+    sync = [r for r in fitted["runs"] if r["profile"] == "sync"]
+    data = {"profiles": held["profiles"], "runs": sync + runs}
+    held_out = list(plan["profiles"]["held_out"])
+
+    def rows_of(model):
+        return held_out_rows(data, model, cls.optimizer, cls.lr, cls.budget_updates,
+                             held_out, is_unstable=accuracy_unstable)
+
+    rows = rows_of(fit_model(cls, fitted, plan))
+    for row, old in zip(rows, rows_of(before), strict=True):
+        row["before_v3_predicted_penalty_points"] = old["predicted_penalty_points"]
+        row["before_v3_predicted_unstable"] = old["predicted_unstable"]
+        row["before_v3_abs_error_points"] = old["abs_error_points"]
+        row["zero_penalty_abs_error_points"] = abs(row["observed_penalty_points"])
+    summary = v2.verdict(rows, plan["rules"], len(keys), len(runs))
+    stable = [r for r in rows if r["stable_group"]]
+    summary["before_v3_median_abs_error_points"] = (
+        float(np.median([r["before_v3_abs_error_points"] for r in stable])) if stable else None)
+    summary["zero_penalty_median_abs_error_points"] = (
+        float(np.median([r["zero_penalty_abs_error_points"] for r in stable]))
+        if stable else None)
+    if summary["complete"]:
+        fit_model(cls, fitted, plan, (rows, summary))
+    return rows, summary
+
+
+def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any],
+                path: Path = CHECK_FILE) -> None:
+    """Every group of every class given, misses included; classes already there are kept."""
+    v2.write_check(results, plan, path, title="The third held-out accuracy check, "
+                   "accuracy_plan_v3.toml", command=COMMAND,
+                   legend=("before_v3_* = the class's model before v3 (not judged); "
+                           "zero_penalty_* = predicting no penalty (not judged).",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=COMMAND, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.splitlines()[0],
+        epilog="examples:\n"
+               f"  nice -n 19 {COMMAND} logreg-tabular cnn-digits\n"
+               f"  {COMMAND} --fit-only --write-check mlp-digits cnn-digits   # recorded runs\n")
+    parser.add_argument("classes", nargs="+", metavar="CLASS")
+    parser.add_argument("--fit-only", action="store_true",
+                        help="no new runs: check on what is recorded")
+    parser.add_argument("--write-check", action="store_true",
+                        help="write the classes given into "
+                             "perfmodel/data/heldout/accuracy_check_v3.toml")
+    args = parser.parse_args(argv)
+    plan = load_plan()
+    for name in args.classes:
+        class_entry(plan, name)
+    results = {}
+    for name in args.classes:
+        rows, summary = check_class(name, plan, not args.fit_only)
+        results[name] = (rows, summary)
+        for r in rows:
+            print(f"{name} {r['profile']:>8} {r['mitigation']:>15}: predicted "
+                  f"{r['predicted_penalty_points']:5.1f} (before v3 "
+                  f"{r['before_v3_predicted_penalty_points']:5.1f}) observed "
+                  f"{r['observed_penalty_points']:5.1f} ± {r['seed_sd_points']:4.1f} "
+                  f"(n={r['seeds']}); unstable predicted {r['predicted_unstable']} "
+                  f"({r['risk']}) observed {r['observed_unstable']} "
+                  f"({r['unstable_seeds']}/{r['seeds']}): {r['result']}")
+        print(f"{name}: {summary}")
+    if args.write_check:
+        write_check(results, plan)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except PerfmodelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
