@@ -110,11 +110,14 @@ def test_the_section_is_in_the_report_and_csv():
     cp = class_penalties()
     names = {p.klass for p in cp.points}
     assert names == {"mlp-digits", "cnn-digits", "logreg-tabular", "transformer-seq"}
-    # the model's penalty at the same time never exceeds the one at the same epochs: r > 1
-    # and every fitted curve rises
+    # the model's penalty at the same time exceeds the one at the same epochs only by what
+    # the synchronous curve falls between U/r and U (r > 1): a measured curve may fall late in
+    # the budget (logreg-tabular's synchronous mean peaks at 0.991 and ends at 0.982)
     assert all(p.model.throughput_ratio > 1 for p in cp.points)
-    assert all(p.model.same_time_points <= p.model.same_epochs_points + 1e-9
-               for p in cp.points)
+    for p in cp.points:
+        fall = max(0.0, p.model.sync_accuracy_same_time - p.model.sync_accuracy_same_epochs)
+        assert p.model.same_time_points <= p.model.same_epochs_points + 100 * fall + 1e-9
+    assert any(p.model.same_time_points < p.model.same_epochs_points for p in cp.points)
     metrics = {r.metric for r in cp.rows if r.finding == "accuracy_loss"}
     assert {"same_epochs_points", "same_time_points", "throughput_ratio",
             "observed_same_epochs_points"} <= metrics
