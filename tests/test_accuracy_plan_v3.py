@@ -137,3 +137,33 @@ def test_measured_curve_survives_the_model_file(tmp_path):
                       header="test")
     model = parse_accuracy_model(tomllib.loads(text), tmp_path / "w.toml")
     assert model.settings[0].curve == _curve()
+
+
+def test_committed_v3_check_has_every_group_of_every_class_with_its_comparisons(plan):
+    data = tomllib.loads(v3.CHECK_FILE.read_text())
+    names = [c["name"] for c in plan["classes"]]
+    assert data["classes_run"] + data["classes_not_run"] == names
+    for name in data["classes_run"]:
+        summary = data["classes"][name]
+        assert summary["groups"] == len(summary["held_out"]) == 6
+        assert summary["runs_recorded"] == summary["runs_planned"] == 48
+        for row in summary["held_out"]:
+            assert row["seeds"] == 8 and row["result"] in ("pass", "miss")
+            assert row["zero_penalty_abs_error_points"] == abs(row["observed_penalty_points"])
+            assert "before_v3_predicted_penalty_points" in row
+        stable = [r["abs_error_points"] for r in summary["held_out"] if r["stable_group"]]
+        assert summary["passed"] == (bool(stable) and float(np.median(stable)) <= 3.0
+                                     and all(r["stability_right"] for r in summary["held_out"]))
+
+
+@pytest.mark.parametrize("name", ["cnn-digits", "logreg-tabular", "transformer-pointer"])
+def test_shipped_class_models_are_v3s_fit_with_its_check(plan, name):
+    from perfmodel.accuracy.model import load_accuracy_model
+
+    model = load_accuracy_model(path=v3.model_path(plan, name))
+    assert model.settings[0].curve.measured             # the measured curve ships
+    assert model.provenance["plan"] == "perfmodel/data/heldout/accuracy_plan_v3.toml"
+    check = tomllib.loads(v3.model_path(plan, name).read_text())["check"]
+    committed = tomllib.loads(v3.CHECK_FILE.read_text())["classes"][name]
+    assert check["passed"] == committed["passed"]
+    assert check["median_abs_error_points"] == pytest.approx(committed["median_abs_error_points"])
