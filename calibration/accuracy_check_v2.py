@@ -233,6 +233,16 @@ def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any
     path.write_text("\n".join(lines))
 
 
+def group_line(name: str, r: dict[str, Any], beside: str = "") -> str:
+    """One checked group as the drivers print it; `beside` follows the prediction."""
+    return (f"{name} {r['profile']:>11} {r['mitigation']:>15}: predicted "
+            f"{r['predicted_penalty_points']:5.1f}{beside} observed "
+            f"{r['observed_penalty_points']:5.1f} ± {r['seed_sd_points']:4.1f} "
+            f"(n={r['seeds']}); unstable predicted {r['predicted_unstable']} "
+            f"({r['risk']}) observed {r['observed_unstable']} "
+            f"({r['unstable_seeds']}/{r['seeds']}): {r['result']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=COMMAND, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -258,12 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, summary = check_class(name, plan, not args.fit_only)
         results[name] = (rows, summary)
         for r in rows:
-            print(f"{name} {r['profile']:>11} {r['mitigation']:>15}: predicted "
-                  f"{r['predicted_penalty_points']:5.1f} observed "
-                  f"{r['observed_penalty_points']:5.1f} ± {r['seed_sd_points']:4.1f} "
-                  f"(n={r['seeds']}); unstable predicted {r['predicted_unstable']} "
-                  f"({r['risk']}) observed {r['observed_unstable']} "
-                  f"({r['unstable_seeds']}/{r['seeds']}): {r['result']}")
+            print(group_line(name, r))
         print(f"{name}: {summary}")
     if args.write_check:
         write_check(results, plan)

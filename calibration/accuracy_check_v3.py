@@ -217,13 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, summary = check_class(name, plan, not args.fit_only)
         results[name] = (rows, summary)
         for r in rows:
-            print(f"{name} {r['profile']:>8} {r['mitigation']:>15}: predicted "
-                  f"{r['predicted_penalty_points']:5.1f} (before v3 "
-                  f"{r['before_v3_predicted_penalty_points']:5.1f}) observed "
-                  f"{r['observed_penalty_points']:5.1f} ± {r['seed_sd_points']:4.1f} "
-                  f"(n={r['seeds']}); unstable predicted {r['predicted_unstable']} "
-                  f"({r['risk']}) observed {r['observed_unstable']} "
-                  f"({r['unstable_seeds']}/{r['seeds']}): {r['result']}")
+            print(v2.group_line(name, r, f" (before v3 "
+                                         f"{r['before_v3_predicted_penalty_points']:5.1f})"))
         print(f"{name}: {summary}")
     if args.write_check:
         write_check(results, plan)
