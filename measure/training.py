@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from measure import cpu_meter
 from measure.context import RunContext
 from measure.data import DataSource
 from measure.memtrack import live_memory, measure_memory
@@ -63,6 +64,7 @@ class LoopResult:
     comm_wait_s: tuple[float, ...]
     slept_s: tuple[float, ...]      # straggler sleep inside compute_s
     memory: dict[str, Any]          # the memory record's fields
+    cpu: dict[str, float] = dataclasses.field(default_factory=dict)   # cpu_meter.usage
 
 
 def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.Module,
@@ -77,10 +79,12 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
     clock = DeviceClock(ctx.device)
     walls, computes, comms, slept = [], [], [], []
     start = 0.0
+    cpu_start = cpu_meter.mark()
     for step in range(settings.total_steps):
         if step == settings.warmup_steps:
             dist.barrier()
             start = time.perf_counter()
+            cpu_start = cpu_meter.mark()
         x, y = data.next_batch()
         comm.start_step()
         t0 = clock.mark()
@@ -102,6 +106,7 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
             ctx.recorder.write("step", step=step, wall_s=wall_s, compute_s=wall_s - comm_s,
                                comm_wait_s=comm_s, loss=float(loss), samples=len(y))
             slept.append(slept_s)
+    cpu = cpu_meter.usage(cpu_start)
     elapsed_s = allreduce_max(time.perf_counter() - start, ctx.device)
 
     def memory_step() -> None:
@@ -117,7 +122,7 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
         memory = measure_memory(model, optimizer, memory_step, device=ctx.device,
                                 steps=MEMORY_STEPS)
     return LoopResult(elapsed_s=elapsed_s, wall_s=tuple(walls), compute_s=tuple(computes),
-                      comm_wait_s=tuple(comms), slept_s=tuple(slept), memory=memory)
+                      comm_wait_s=tuple(comms), slept_s=tuple(slept), memory=memory, cpu=cpu)
 
 
 def loop_summary(settings: Settings, result: LoopResult) -> dict[str, float]:
@@ -135,4 +140,5 @@ def loop_summary(settings: Settings, result: LoopResult) -> dict[str, float]:
         "mean_compute_s": float(np.mean(result.compute_s)),
         "mean_comm_wait_s": float(np.mean(result.comm_wait_s)),
         "mean_slept_s": float(np.mean(result.slept_s)),
+        **result.cpu,
     }

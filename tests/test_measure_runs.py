@@ -51,6 +51,7 @@ SLOWDOWN_MIN_RATIO = 1.3        # speed 0.25 makes compute 4x; contention on 2 c
 # contention, so the signal needs room above the noise)
 ASYNC_STALENESS_TOL = 0.2       # |mean τ − (N − 1)| while all N workers are pushing
 MEMORY_REL_TOL = 0.10           # issue 3: measured vs params + grads + optimizer + activations
+CORES_SLACK = 0.05              # /proc/stat counts whole jiffies (10 ms): a short window rounds
 
 
 def job(tmp_path: Path, nproc: int, **config) -> list[dict]:
@@ -100,6 +101,9 @@ def test_ddp_replicas_stay_identical_and_a_slowed_rank_computes_longer(tmp_path)
     assert memory["method"] == "MemTracker"
     assert memory["params_bytes"] == 4 * MLP_PARAMS           # fp32 parameters, all of them
     assert s0["bucket_count"] >= 1 and s0["first_bucket_MiB"] == 1.0   # torch's default
+    for s in (s0, s1):      # measure/cpu_meter.py over the timed steps: real CPU work done
+        assert s["cpu_s"] > 0 and s["cpu_window_s"] > 0
+        assert 0 <= s["host_busy_cores"] <= os.cpu_count() + CORES_SLACK
 
 
 @pytest.mark.slow
@@ -160,6 +164,11 @@ def test_async_ps_staleness_is_about_n_minus_one(tmp_path):
     end = min(last.values())
     steady = [t for u, t in zip(updates[:end], taus[:end], strict=True) if u["step"] >= 2]
     assert abs(np.mean(steady) - (workers - 1)) <= ASYNC_STALENESS_TOL
+    for u in updates:       # the server's own clock around each update (record_update)
+        assert u["recv_s"] >= 0 and u["apply_s"] > 0 and u["pack_s"] > 0 and u["reply_s"] >= 0
+    for rank in (0, 1, 2):  # the server and each worker meter their own timed part
+        s = of(records, "summary", rank)[0]
+        assert s["cpu_s"] > 0 and s["cpu_window_s"] > 0
 
 
 # ---------------------------------------------------------------- in-process checks

@@ -174,7 +174,7 @@ class MembershipServer(Server):
                                         version=self.version, time_s=now, time=time.time())
                 continue
             self.apply(inbox[PUSH_HEADER:], self.lr)
-            self.record_update(rank - 1, inbox, now)
+            self.record_update(rank - 1, inbox, now, self.version)
             if rank == joiner_rank and "joiner_first_update_s" not in events:
                 events["joiner_first_update_s"] = now
             self.version += 1

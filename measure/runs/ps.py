@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from measure import cpu_meter
 from measure.context import RunContext
 from measure.data import DataSource, evaluate, held_out_set
 from measure.memtrack import live_memory, measure_memory
@@ -166,9 +167,11 @@ def work(ctx: RunContext, settings: Settings, channel: Channel) -> None:
     channel.recv(reply, SERVER)
     walls, computes, waits, slept = [], [], [], []
     start = time.perf_counter()
+    cpu_start = cpu_meter.mark()
     for step in range(settings.total_steps):
         if step == settings.warmup_steps:
             start = time.perf_counter()
+            cpu_start = cpu_meter.mark()
         t0 = time.perf_counter()
         unflatten(reply[REPLY_HEADER:], params)
         loss = gradient()
@@ -188,6 +191,7 @@ def work(ctx: RunContext, settings: Settings, channel: Channel) -> None:
                                comm_wait_s=t1 - t_send, loss=float(loss),
                                samples=settings.batch_size)
     elapsed_s = time.perf_counter() - start
+    cpu = cpu_meter.usage(cpu_start)
     ctx.recorder.write("memory", **memory)
     ctx.recorder.write(
         # This worker's own rate; the run's throughput is in the server's summary.
@@ -197,7 +201,7 @@ def work(ctx: RunContext, settings: Settings, channel: Channel) -> None:
         batch_size=settings.batch_size, worker=worker, speed=straggler.speed,
         mean_step_s=float(np.mean(walls)), median_step_s=float(np.median(walls)),
         mean_compute_s=float(np.mean(computes)), mean_comm_wait_s=float(np.mean(waits)),
-        mean_slept_s=float(np.mean(slept)))
+        mean_slept_s=float(np.mean(slept)), **cpu)
 
 
 # ---------------------------------------------------------------- server
@@ -230,6 +234,11 @@ class Server:
         total_updates = settings.total_steps * (1 if options.mode == "sync" else n)
         self.eval_every = options.eval_every or max(1, total_updates // EVALS_PER_RUN)
         self.start = 0.0
+        # CPU use over the timed updates: from the last warm-up gradient's record to the last
+        # update (cpu_meter); the evaluations around the updates are outside it
+        self.warm_updates = settings.warmup_steps * n
+        self.cpu_start = cpu_meter.mark()
+        self.cpu: dict[str, float] = {}
 
     def serve(self) -> None:
         workers = list(range(1, self.settings.workers + 1))
@@ -237,10 +246,12 @@ class Server:
         self.start = time.perf_counter()
         self.reply_to(workers)
         self.evaluate()
+        self.cpu_start = cpu_meter.mark()
         if self.options.mode == "sync":
             self.serve_sync(workers)
         else:
             self.serve_async()
+        self.cpu = cpu_meter.usage(self.cpu_start)
         if self.version % self.eval_every:
             self.evaluate()
         self.write_summary()
@@ -249,21 +260,30 @@ class Server:
         total = self.inbox[0][PUSH_HEADER:]
         for _ in range(self.settings.total_steps):
             headers: dict[int, torch.Tensor] = {}
+            received: dict[int, float] = {}
             for i in range(len(workers)):           # each worker pushes once, then waits
                 inbox = self.inbox[min(i, 1)]
+                t0 = time.perf_counter()
                 rank = self.channel.recv(inbox, None)
+                received[rank] = time.perf_counter() - t0
                 if rank in headers:
                     raise PerfmodelError(f"PS server: rank {rank} pushed twice in one step")
                 headers[rank] = inbox[:PUSH_HEADER].clone()
                 if i:
                     total.add_(inbox[PUSH_HEADER:])
+            t1 = time.perf_counter()
             self.apply(total.div_(len(workers)), self.lr)
-            now = time.perf_counter() - self.start
-            for rank in workers:
-                self.record_update(rank - 1, headers[rank], now)
+            t2 = time.perf_counter()
+            version = self.version
             self.version += 1
             self.pack()
+            t3 = time.perf_counter()
             self.reply_to(workers)
+            t4 = time.perf_counter()
+            for rank in workers:
+                self.record_update(rank - 1, headers[rank], t2 - self.start, version,
+                                   recv_s=received[rank], apply_s=t2 - t1, pack_s=t3 - t2,
+                                   reply_s=t4 - t3)
             self.maybe_evaluate()
 
     def serve_async(self) -> None:
@@ -272,7 +292,9 @@ class Server:
         held: set[int] = set()              # ssp: workers whose reply waits
         inbox = self.inbox[0]
         for _ in range(n * total):
+            t0 = time.perf_counter()
             worker = self.channel.recv(inbox, None) - 1
+            t1 = time.perf_counter()
             tau = self.version - int(inbox[0])
             grad = inbox[PUSH_HEADER:]
             if self.options.delay_compensation:
@@ -280,9 +302,11 @@ class Server:
                 grad = grad + self.options.dc_lambda * grad * grad * (w_now - self.sent[worker])
             lr = self.lr / tau if self.options.staleness_aware_lr and tau >= 1 else self.lr
             self.apply(grad, lr)
-            self.record_update(worker, inbox, time.perf_counter() - self.start)
+            t2 = time.perf_counter()
+            version = self.version
             self.version += 1
             self.pack()
+            t3 = time.perf_counter()
             clocks[worker] += 1
             held.add(worker)
             bound = self.options.staleness_bound if self.options.mode == "ssp" else None
@@ -290,6 +314,10 @@ class Server:
             ready = sorted(w for w in held if bound is None or clocks[w] - slowest <= bound)
             held.difference_update(ready)
             self.reply_to([w + 1 for w in ready])
+            t4 = time.perf_counter()
+            self.record_update(worker, inbox[:PUSH_HEADER], t2 - self.start, version,
+                               recv_s=t1 - t0, apply_s=t2 - t1, pack_s=t3 - t2,
+                               reply_s=t4 - t3)
             self.maybe_evaluate()
 
     def apply(self, flat_grad: torch.Tensor, lr: float) -> None:
@@ -317,11 +345,19 @@ class Server:
         if ranks:
             self.channel.send(self.reply, ranks)
 
-    def record_update(self, worker: int, inbox: torch.Tensor, time_s: float) -> None:
-        version_read, step = int(inbox[0]), int(inbox[1])
-        self.updates.append((step, self.version - version_read, worker, time_s))
+    def record_update(self, worker: int, header: torch.Tensor, time_s: float, version: int,
+                      **phases: float) -> None:
+        """One update record: which gradient, the version it was applied to, when, and the
+        server's phases around it (seconds): recv_s waiting for and receiving the push,
+        apply_s the optimizer step (sync: over the summed gradient, the same for every
+        update of a version), pack_s copying the parameters into the reply, reply_s sending
+        the replies it released (none, one or, sync and ssp, several)."""
+        version_read, step = int(header[0]), int(header[1])
+        self.updates.append((step, version - version_read, worker, time_s))
         self.ctx.recorder.write("update", worker=worker, step=step, version_read=version_read,
-                                version_applied=self.version, time_s=time_s)
+                                version_applied=version, time_s=time_s, **phases)
+        if len(self.updates) == self.warm_updates:
+            self.cpu_start = cpu_meter.mark()
 
     def maybe_evaluate(self) -> None:
         if self.version % self.eval_every == 0:
@@ -361,4 +397,4 @@ class Server:
             mean_staleness=float(taus.mean()), max_staleness=int(taus.max()),
             steady_mean_staleness=float(np.mean(steady)) if steady else float("nan"),
             final_accuracy=self.accuracy, final_loss=self.test_loss, eval_s=self.eval_s,
-            learning_rate=self.lr, staleness_bound=self.options.staleness_bound)
+            learning_rate=self.lr, staleness_bound=self.options.staleness_bound, **self.cpu)

@@ -43,6 +43,10 @@ from perfmodel import strategies as strategy_records
 LARGE_ERROR = 0.15                  # errors beyond this get a diagnosis in the report
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 QUANTITIES = ("throughput", "step_time", "peak_memory", "staleness_mean")
+# a PS server's phases per update (measure/runs/ps.py `record_update`), and the model's
+# counterpart of each (perfmodel/compare/run.py `model_server_phases`)
+SERVER_PHASES = {"recv_s": "receive (wait + push)", "apply_s": "apply", "pack_s": "pack",
+                 "reply_s": "reply (pull)"}
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -94,6 +98,20 @@ def steady_staleness_by_worker(updates: Sequence[Any], warmup_steps: int
             for w in np.unique(worker[keep])}
 
 
+def server_phases(updates: Sequence[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
+    """The median of each server phase (SERVER_PHASES, seconds) over the steady window's
+    updates; {} where the run did not record them (runs before the phases were)."""
+    rows = [u for u in updates if all(u.get(k) is not None for k in SERVER_PHASES)]
+    if not rows:
+        return {}
+    worker, step, time_s, _ = _columns(rows)
+    keep = steady_mask(worker, step, time_s, warmup_steps)
+    if not keep.any():
+        return {}
+    return {k: float(np.median(np.array([u[k] for u in rows], dtype=float)[keep]))
+            for k in SERVER_PHASES}
+
+
 def steady_throughput(updates: Sequence[Any], warmup_steps: int, batch_size: int
                       ) -> float | None:
     """PS samples per second while every worker is still pushing: the updates applied after
@@ -125,6 +143,25 @@ class MeasuredRun:
     per_rank: dict[int, tuple[float, float]]     # rank -> (mean compute_s, mean comm_wait_s)
     staleness_by_worker: dict[int, float] = field(default_factory=dict)
     memory_method: str = ""
+    own_cores: float | None = None      # cores the run's processes kept busy (cpu_use)
+    host_cores: float | None = None     # cores busy on the whole host over the same steps
+    server_phases: dict[str, float] = field(default_factory=dict)   # PS: `server_phases`
+
+
+def cpu_use(summaries: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(cores the run's own processes kept busy, cores busy on the host) over the timed
+    steps, from each rank's summary fields of measure/cpu_meter.py: the sum over ranks of
+    cpu_s / cpu_window_s, and the median of the ranks' host_busy_cores. None where the run
+    did not record them (runs before the meter)."""
+    by_rank: dict[int, dict[str, float]] = {}
+    for s in summaries:
+        if s["key"] in ("cpu_s", "cpu_window_s", "host_busy_cores") and s["value"] is not None:
+            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
+    rates = [r["cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
+             if r.get("cpu_window_s", 0) > 0 and "cpu_s" in r]
+    hosts = [r["host_busy_cores"] for r in by_rank.values() if "host_busy_cores" in r]
+    return (float(sum(rates)) if rates else None,
+            float(np.median(hosts)) if hosts else None)
 
 
 def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> MeasuredRun:
@@ -159,12 +196,15 @@ def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> Measu
         method = str(top.get("method") or "")
     staleness = steady_staleness(run.table("updates"), warmup_steps) if ps else np.zeros(0)
     by_worker = steady_staleness_by_worker(run.table("updates"), warmup_steps) if ps else {}
+    own_cores, host_cores = cpu_use(run.table("summaries"))
     return MeasuredRun(run_id=run.row.id, throughput_samples_per_s=throughput,
                        step_time_s=float(wall.mean()), compute_s=float(compute.mean()),
                        comm_wait_s=float(comm.mean()), peak_memory_bytes=peak,
                        memory_parts=parts, staleness=tuple(float(v) for v in staleness),
                        per_rank=per_rank, staleness_by_worker=by_worker,
-                       memory_method=method)
+                       memory_method=method, own_cores=own_cores, host_cores=host_cores,
+                       server_phases=server_phases(run.table("updates"), warmup_steps)
+                       if ps else {})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +278,19 @@ class Comparison:
         default_factory=dict)
     memory_method: str = ""             # how the measured peak was taken (the tracker)
     memory_twin: str = ""               # the set-A run whose modelled memory is the same
+    # medians over repeats of the cores the run's own processes and the whole host kept busy
+    # during the timed steps (cpu_use); None where not recorded
+    own_cores: float | None = None
+    host_cores: float | None = None
+    # PS: phase -> (model, measured median over repeats) seconds per update (SERVER_PHASES)
+    server_phases: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+
+    @property
+    def other_cores(self) -> float | None:
+        """Cores other work kept busy beside the run (host − own, at least 0)."""
+        if self.own_cores is None or self.host_cores is None:
+            return None
+        return max(self.host_cores - self.own_cores, 0.0)
 
     @property
     def staleness_can_be_wrong(self) -> str:
@@ -361,7 +414,23 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         predicted_staleness=pred_tau, measured_staleness=meas_tau,
         per_rank={} if best is None else best.per_rank,
         speed=tuple(float(v) for v in predicted.get("speed") or ()),
-        staleness_per_worker=per_worker, memory_method="; ".join(methods))
+        staleness_per_worker=per_worker, memory_method="; ".join(methods),
+        own_cores=_median_of(m.own_cores for m in measured),
+        host_cores=_median_of(m.host_cores for m in measured),
+        server_phases=_phases(predicted.get("server_phases_s") or {}, measured) if ps else {})
+
+
+def _phases(model: dict[str, float], measured: Sequence[MeasuredRun]
+            ) -> dict[str, tuple[float | None, float | None]]:
+    seen = [m.server_phases for m in measured if m.server_phases]
+    if not seen and not model:
+        return {}
+    return {k: (model.get(k), _median_of(s[k] for s in seen)) for k in SERVER_PHASES}
+
+
+def _median_of(values) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(np.median(v)) if v else None
 
 
 @dataclass(frozen=True, kw_only=True)

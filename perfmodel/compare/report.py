@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmodel.compare.matching import QUANTITIES, Comparison, Headline, counts, headline
+from perfmodel.compare.matching import (
+    QUANTITIES,
+    SERVER_PHASES,
+    Comparison,
+    Headline,
+    counts,
+    headline,
+)
 
 MiB = 2**20
 # quantity -> (median target, max target or None); issue 5
@@ -82,6 +89,12 @@ def row_values(r: Comparison) -> dict[str, Any]:
         out[f"predicted_{k}"] = v
     for k in ("compute_s", "comm_wait_s"):
         out[f"measured_{k}"] = r.measured_breakdown.get(k)
+    out["own_cores"] = r.own_cores
+    out["host_cores"] = r.host_cores
+    for k in SERVER_PHASES:
+        model, measured = r.server_phases.get(k, (None, None))
+        out[f"server_{k}_model"] = model
+        out[f"server_{k}_measured"] = measured
     out["diagnosis"] = r.diagnosis
     return out
 
@@ -233,9 +246,13 @@ def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = No
            "estimates the SD of normal data, unmoved by one outlying run). An error smaller "
            "than these cannot be told from noise. Load: the 1-minute load average when each "
            "run started, after the wait for a quiet machine (`--settle-load`, "
-           "`--settle-max-s`); pinned: runs whose ranks had cores of their own.", "",
+           "`--settle-max-s`); pinned: runs whose ranks had cores of their own. Cores busy "
+           "during the timed steps (measure/cpu_meter.py, medians over repeats): the run's "
+           "own processes (their CPU seconds over the steps' wall time, summed over ranks) "
+           "and the whole host (/proc/stat); the difference is other work.", "",
            "| config | runs | step time median (ms) | spread | robust SD | load at start | "
-           "waited (s) | pinned |", "|---|---|---|---|---|---|---|---|"]
+           "waited (s) | pinned | cores busy: run / host |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         q = r.quantities["step_time"]
         seen = [protocol[str(i)] for i in r.run_ids if str(i) in protocol]
@@ -244,9 +261,41 @@ def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = No
         load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
         waited = f"{sum(waits):.0f}" if seen else "–"
         pinned = f"{sum(bool(p.get('pinned')) for p in seen)} of {len(seen)}" if seen else "–"
+        cores = (f"{fmt(r.own_cores, 1, 2)} / {fmt(r.host_cores, 1, 2)}"
+                 if r.own_cores is not None or r.host_cores is not None else "–")
         out.append(f"| {r.key} | {len(r.run_ids)} | {fmt(q.measured, 1e3, 2)} | "
                    f"{pct(q.spread, False)} | {pct(q.robust_sd, False)} | {load} | {waited} | "
-                   f"{pinned} |")
+                   f"{pinned} | {cores} |")
+    return out + [""]
+
+
+def server_phase_table(rows: Sequence[Comparison]) -> list[str]:
+    """A PS server's time per update by phase, measured (medians over the steady updates,
+    then over repeats) beside the model's closed-form counterpart of each phase."""
+    chosen = [r for r in rows if any(m is not None for _, m in r.server_phases.values())]
+    if not chosen:
+        return []
+    out = ["## Parameter server: time per update by phase", "",
+           "Measured: the server's own clock around each update (measure/runs/ps.py), the "
+           "median over the steady updates, then over repeats. Model: each phase alone, "
+           "before core sharing and queueing (perfmodel/compare/run.py "
+           "`model_server_phases`): a one-way transfer of the push and of the reply on the "
+           "server's link, the optimizer step over the model and the copy into the reply "
+           "buffer. A measured receive also holds the wait for the next push (whole when the "
+           "server idles); a reply sends to every worker it releases at once (sync: all of "
+           "them, isend to each), so one transfer stands for it.", "",
+           "| config | step time error | " + " | ".join(
+               f"{name} ms model / measured" for name in SERVER_PHASES.values())
+           + " | sum ms model / measured |", "|---|---|" + "---|" * (len(SERVER_PHASES) + 1)]
+    for r in chosen:
+        cells = [f"{fmt(a, 1e3, 2)} / {fmt(b, 1e3, 2)}" for a, b in
+                 (r.server_phases[k] for k in SERVER_PHASES)]
+        model = [a for a, _ in r.server_phases.values()]
+        meas = [b for _, b in r.server_phases.values()]
+        total = (f"{fmt(sum(model), 1e3, 2) if None not in model else '–'} / "
+                 f"{fmt(sum(meas), 1e3, 2) if None not in meas else '–'}")
+        out.append(f"| {r.key} | {pct(r.quantities['step_time'].error)} | "
+                   + " | ".join(cells) + f" | {total} |")
     return out + [""]
 
 
@@ -346,6 +395,7 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
             "collectives; PS worker: push to reply). The model splits that time into exposed "
             "communication and waiting for other workers.", ""]
     out += noise_table(rows, m.get("run_protocol"))
+    out += server_phase_table(rows)
     out += staleness_table(rows)
     out += list(elastic_lines)
     out += ["## Figures", ""]

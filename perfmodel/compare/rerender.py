@@ -22,7 +22,7 @@ from typing import Any
 
 from perfmodel.cluster import parse_profile
 from perfmodel.compare import elastic_report, figures, report, summary
-from perfmodel.compare.matching import QUANTITIES, Comparison, Quantity
+from perfmodel.compare.matching import QUANTITIES, SERVER_PHASES, Comparison, Quantity
 from perfmodel.compare.protocol import HeldOut, today
 from perfmodel.errors import PerfmodelError
 
@@ -72,7 +72,11 @@ def rows_from(doc: dict[str, Any], predictions: dict[str, dict[str, Any]]
             predicted_staleness=tuple(c["predicted_staleness"]),
             measured_staleness=tuple(c["measured_staleness"]),
             speed=tuple(float(v) for v in pred.get("speed") or ()),
-            staleness_per_worker=per_worker, memory_method=c.get("memory_method") or ""))
+            staleness_per_worker=per_worker, memory_method=c.get("memory_method") or "",
+            own_cores=c.get("own_cores"), host_cores=c.get("host_cores"),
+            server_phases={k: (c.get(f"server_{k}_model"), c.get(f"server_{k}_measured"))
+                           for k in SERVER_PHASES
+                           if c.get(f"server_{k}_measured") is not None}))
     return rows
 
 

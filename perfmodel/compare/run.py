@@ -37,6 +37,8 @@ from perfmodel.compare.protocol import (
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
+from perfmodel.sim import ps as ps_sim
+from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.uncertainty import CalibrationErrors, interval_for
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
@@ -74,7 +76,21 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
         "staleness_worker_means": ({str(w): v for w, v in steady_staleness_by_worker(
             p.result.updates, WARMUP_STEPS).items()} if ps else {}),
         "timeline": timeline(p),
+        "server_phases_s": model_server_phases(p) if ps else {},
     }
+
+
+def model_server_phases(p: Prediction) -> dict[str, float]:
+    """The model's counterpart of each measured server phase (matching.SERVER_PHASES) for
+    one server holding the whole model, before any core-sharing stretch or queueing: a
+    push's and a pull's one-way transfer on the server's link (perfmodel/sim/psnet.py:
+    point to point), and the apply and pack of perfmodel/sim/ps.py."""
+    cluster, wl = p.scenario.cluster, p.scenario.workload
+    link = getattr(cluster, cluster.server.link).point_to_point()
+    pack = ps_sim.server_pack_s(cluster, wl, wl.params)
+    return {"recv_s": link_transfer_s(link, wl.params * wl.precision_spec.grad_bytes),
+            "apply_s": ps_sim.server_apply_s(cluster, wl, wl.params) - pack, "pack_s": pack,
+            "reply_s": link_transfer_s(link, wl.params * wl.precision_spec.param_bytes)}
 
 
 def step_interval(p: Prediction, errors: CalibrationErrors | None):

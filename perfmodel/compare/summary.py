@@ -18,7 +18,7 @@ import numpy as np
 
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import data_home, load_cluster
-from perfmodel.compare.matching import Comparison, counts
+from perfmodel.compare.matching import SERVER_PHASES, Comparison, counts
 from perfmodel.compare.protocol import WARMUP_STEPS, HeldOut, model_options, scenario_for
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import ddp_memory, fsdp_memory
@@ -313,7 +313,9 @@ def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
         out.append(f"{part} holds the largest gap in {', '.join(gaps)}{extra}. Why that "
                    f"part differs is not known: the runs record compute and "
                    f"communication + waiting per step, nothing finer.")
-    if loads:
+    out += server_lines(rows)
+    out += cpu_lines(rows, cores or os.cpu_count() or 1)
+    if loads and not any(r.own_cores is not None for r in rows):
         cores = cores or os.cpu_count() or 1
         own = sorted({r.workers + (1 if strategy_records.get(r.strategy).is_ps else 0)
                       for r in rows})
@@ -343,4 +345,58 @@ def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
                    f"measured {q.measured:.2f}; W1 {r.staleness_w1:.2f} versions); the "
                    f"cause is not known (staleness.png shows where the distributions "
                    f"differ).")
+    return out
+
+
+CPU_BOUND = 0.9     # a run whose own processes keep this share of the cores busy is CPU-bound
+
+
+def cpu_lines(rows: Sequence[Comparison], cores: int) -> list[str]:
+    """What the CPU meter (measure/cpu_meter.py) says: how much other work ran beside the
+    runs, and which runs were CPU-bound, with their step-time errors. Nothing where the runs
+    did not record it."""
+    seen = [r for r in rows if r.own_cores is not None]
+    if not seen:
+        return []
+    own = [r.own_cores for r in seen]
+    hosts = [r.host_cores for r in seen if r.host_cores is not None]
+    others = [r.other_cores for r in seen if r.other_cores is not None]
+    line = (f"CPU during the timed steps (medians over repeats): the runs' own processes kept "
+            f"{min(own):.2f}–{max(own):.2f} of the {cores} cores busy")
+    if hosts:
+        worst = max(seen, key=lambda r: r.other_cores or 0.0)
+        line += (f", the whole host {min(hosts):.2f}–{max(hosts):.2f}: other work took "
+                 f"{min(others):.2f}–{max(others):.2f} cores (most beside {worst.key})")
+    out = [line + "."]
+    bound = [r for r in seen if r.mode == "timed-wait" and r.own_cores >= CPU_BOUND * cores]
+    if bound:
+        def err(r: Comparison) -> str:
+            e = r.quantities["step_time"].error
+            return "no step time" if e is None else f"step time {e:+.1%}"
+        listed = "; ".join(f"{r.key} ({r.own_cores:.2f} cores, {err(r)})" for r in bound)
+        out.append(
+            f"Timed-wait runs that were CPU-bound (own processes >= {CPU_BOUND:.0%} of the "
+            f"cores): {listed}. The model counts a timed-wait worker's compute as sleep that "
+            f"leaves the cores free (perfmodel/compare/protocol.py); these numbers say the "
+            f"runs' CPU work (communication copies, the server, each worker's own host work "
+            f"between its sleeps) filled the cores instead.")
+    return out
+
+
+def server_lines(rows: Sequence[Comparison]) -> list[str]:
+    """For each diagnosed PS configuration whose server recorded its phases: the measured
+    time per update by phase beside the model's, and the phase with the largest gap."""
+    out = []
+    for r in rows:
+        pairs = {k: v for k, v in r.server_phases.items()
+                 if v[0] is not None and v[1] is not None}
+        if not r.diagnosis or not pairs:
+            continue
+        worst = max(pairs, key=lambda k: abs(pairs[k][1] - pairs[k][0]))
+        shown = ", ".join(f"{SERVER_PHASES[k]} {m * 1e3:.1f} vs {a * 1e3:.1f}"
+                          for k, (a, m) in pairs.items())
+        out.append(f"{r.key}: the server's time per update, measured vs model (ms): {shown} "
+                   f"(sum {sum(m for _, m in pairs.values()) * 1e3:.1f} vs "
+                   f"{sum(a for a, _ in pairs.values()) * 1e3:.1f}); the largest gap is in "
+                   f"{SERVER_PHASES[worst]}.")
     return out

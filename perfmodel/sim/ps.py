@@ -232,17 +232,23 @@ def server_pass_s(cluster: ClusterProfile, wl: Workload, share_params: float) ->
     return share_params * wl.precision_spec.grad_bytes / (cluster.server.apply_GBps * 1e9)
 
 
+def server_pack_s(cluster: ClusterProfile, wl: Workload, share_params: float) -> float:
+    """On a CPU host (a serial server, measure/runs/ps.py) the pack of a shard's parameters
+    into the reply buffer, a copy at the rate the optimizer streams bytes
+    (compute.optimizer_GBps); 0 elsewhere."""
+    if not psnet.serial_server(cluster):
+        return 0.0
+    return share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps * 1e9)
+
+
 def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
                    dc_passes: float = 0.0) -> float:
     """A server's apply of one gradient to a shard of `share_params` parameters: the
-    workload's optimizer over the shard, DC-ASGD's extra passes, and on a CPU host (a serial
-    server, measure/runs/ps.py) the pack of its parameters into the reply buffer, a copy at
-    the rate the optimizer streams bytes (compute.optimizer_GBps)."""
-    pack_s = (share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps
-                                                              * 1e9)
-              if psnet.serial_server(cluster) else 0.0)
+    workload's optimizer over the shard, DC-ASGD's extra passes, and the pack
+    (`server_pack_s`)."""
     return (optimizer_seconds(cluster, wl, share_params / wl.params)
-            + dc_passes * server_pass_s(cluster, wl, share_params) + pack_s)
+            + dc_passes * server_pass_s(cluster, wl, share_params)
+            + server_pack_s(cluster, wl, share_params))
 
 
 class _PSRun:

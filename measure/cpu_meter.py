@@ -1,0 +1,72 @@
+"""CPU use over a run's timed steps: this process's own CPU seconds and the host's busy cores.
+
+The 1-minute load average cannot tell a run's own processes from other work on the machine
+(it counts both, and a run starts 2-9 busy processes). Two counters over the same window can:
+
+- `cpu_s`: this process's CPU time, every thread (`time.process_time`: user + system, the
+  gloo threads included); summed over a run's ranks as rates, the cores the run kept busy;
+- `host_busy_cores`: the host's busy share over the window from /proc/stat (user, nice,
+  system, irq, softirq and steal jiffies over all of them, idle and iowait included) times
+  its CPUs; absent where /proc/stat is not readable (not Linux).
+
+So other work = host busy cores − the run's own (both over the timed steps), and a run whose
+own processes keep every core busy is CPU-bound: its timing is set by CPU work, not by waits.
+Each rank writes the three fields into its summary record (`usage`); perfmodel/compare
+(matching.py `cpu_use`) turns them into the run's numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC_STAT = Path("/proc/stat")
+_BUSY = (0, 1, 2, 5, 6, 7)      # user nice system irq softirq steal (guest is inside user)
+_IDLE = (3, 4)                  # idle iowait
+
+
+@dataclass(frozen=True, slots=True)
+class CpuMark:
+    """The counters at one moment."""
+
+    wall_s: float                       # time.perf_counter()
+    process_s: float                    # time.process_time()
+    host: tuple[int, int, int] | None   # (busy jiffies, all jiffies, CPUs) or None
+
+
+def host_jiffies(path: Path = PROC_STAT) -> tuple[int, int, int] | None:
+    """(busy, all, CPUs) from the aggregate `cpu` line of /proc/stat; None if unreadable."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    head = next((ln.split() for ln in lines if ln.startswith("cpu ")), None)
+    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    if head is None or len(head) < 8 or cpus == 0:
+        return None
+    try:
+        v = [int(x) for x in head[1:9]]
+    except ValueError:
+        return None
+    busy = sum(v[i] for i in _BUSY)
+    return busy, busy + sum(v[i] for i in _IDLE), cpus
+
+
+def mark(path: Path = PROC_STAT) -> CpuMark:
+    return CpuMark(wall_s=time.perf_counter(), process_s=time.process_time(),
+                   host=host_jiffies(path))
+
+
+def usage(start: CpuMark, end: CpuMark | None = None) -> dict[str, float]:
+    """Summary fields for the window from `start` to `end` (now): cpu_s, cpu_window_s and,
+    where /proc/stat was readable at both ends and jiffies passed, host_busy_cores."""
+    end = end or mark()
+    out = {"cpu_s": max(end.process_s - start.process_s, 0.0),
+           "cpu_window_s": max(end.wall_s - start.wall_s, 0.0)}
+    if start.host and end.host:
+        busy = end.host[0] - start.host[0]
+        total = end.host[1] - start.host[1]
+        if total > 0:
+            out["host_busy_cores"] = busy / total * end.host[2]
+    return out
