@@ -6,6 +6,13 @@ memory-bound: it reads w and g and writes w), and the transfer is one point-to-p
 on the server's link, α + n·β(n) (perfmodel/sim/collectives.py `link_transfer_s`).
 
 - `fit_server_apply`: apply_GBps through the origin from timed updates (bytes, seconds).
+- `fit_server_update`: a serial CPU-host server's own time per update (apply + pack, as
+  measure/runs/ps.py records them at the server) as latency + bytes / rate, from runs of
+  >= 2 message sizes: `[server.update]` (perfmodel/cluster.py `Server`). The workers'
+  optimizer-step timings (`fit_server_apply`) do not stand for it: the server applies a
+  gradient it has just received and copies its parameters out for the reply, and on this
+  machine that took 4.1 ms an update for the mlp where the compute suite's optimizer step
+  took 1.9 ms (and 1.35 against 0.35 ms for cnn-small: a fixed part per update, not a rate).
 - `fit_push_link`: a full α–β fit of the server's link from pushes of >= 3 sizes, the same
   fit as a ping-pong sweep (calibration/fit_network.py, `LinkFit.p2p`).
 - `fit_push_rate`: with pushes of one size (one model), the rate left once α (from the
@@ -19,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.fit import FitResult, check_measurements, fit_rate
+from calibration.fit import FitResult, check_measurements, fit_rate, fit_result, relative_lstsq
 from calibration.fit_network import SCOPES, CollectiveSample, LinkFit, fit_link
 from perfmodel.errors import PerfmodelError
 
@@ -28,6 +35,28 @@ def fit_server_apply(update_bytes: Sequence[float], apply_s: Sequence[float]) ->
     """server.apply_GBps: gradient bytes applied per second by one server."""
     return fit_rate(update_bytes, apply_s, parameter="server.apply_GBps",
                     what="server update timings", unit_scale=1e9)
+
+
+def fit_server_update(update_bytes: Sequence[float], update_s: Sequence[float]
+                      ) -> tuple[FitResult, FitResult]:
+    """(server.update.latency_us, server.update.bandwidth_GBps): update_s ≈ latency +
+    bytes / bandwidth, least squares in relative error (calibration/fit.py), from updates
+    of at least 2 gradient sizes. A latency that cannot be told from 0 is fixed at 0."""
+    nbytes = check_measurements(update_bytes, "update bytes")
+    seconds = check_measurements(update_s, "update seconds")
+    _same_length(nbytes, seconds)
+    if np.unique(nbytes).size < 2:
+        raise PerfmodelError(f"server.update: needs updates of >= 2 gradient sizes (two "
+                             f"workloads' PS runs), found {np.unique(nbytes).size}")
+    fit = relative_lstsq(np.column_stack([np.ones_like(nbytes), nbytes]), seconds, zero_ok=(0,))
+    latency, per_byte = fit.coef
+    if per_byte <= 0:
+        raise PerfmodelError(f"server.update: the fit gives {per_byte:.3g} s/byte from "
+                             f"{nbytes.size} runs: larger gradients did not take longer; "
+                             f"measure again")
+    return (fit_result("server.update.latency_us", latency * 1e6, fit.stderr[0] * 1e6, fit.rel),
+            fit_result("server.update.bandwidth_GBps", 1.0 / per_byte / 1e9,
+                       fit.stderr[1] / per_byte**2 / 1e9, fit.rel))
 
 
 def fit_push_link(push_bytes: Sequence[float], push_s: Sequence[float],

@@ -23,10 +23,12 @@ What each kind of run (measure/store.py) feeds:
   compute.core_contention from CPU seconds per step, and checks of the whole core-sharing
   factor against the wall-time ratios (calibration/fit_cores.py); the profile's
   topology.compute_cpu_cores_per_node is the host's core count.
-- ps: checks, not fits: the round trip a worker waits (push + apply + pull) against the
-  model's — the apply charged as the simulation charges it, the workload's optimizer over
-  the server's parameters (perfmodel/sim/compute.py `optimizer_seconds`) — and each rank's
-  measured peak against perfmodel/memory.py ps_memory.
+- ps: on a CPU host, the serial server's own time per update (apply + pack, recorded at the
+  server) from two workloads' 1-worker runs: `[server.update]` (`_server_update`). Then
+  checks: the round trip a worker waits (push + apply + pull) against the model's — the
+  apply charged as the simulation charges it (perfmodel/sim/ps.py `server_apply_s`, so with
+  server.update fitted on these very runs the check tests the two transfers) — and each
+  rank's measured peak against perfmodel/memory.py ps_memory.
 - a check with a stated tolerance that misses it says so loudly: a note starting
   CHECK_FAILED in the profile's [calibration] notes, which `perfmodel calibrate` also
   prints to stderr.
@@ -70,7 +72,7 @@ from calibration.fit_cores import (
 )
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
-from calibration.fit_ps import fit_server_apply
+from calibration.fit_ps import fit_server_apply, fit_server_update
 from calibration.hardware import detect, shipped_profile
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
 from calibration.selfcheck import (
@@ -84,6 +86,7 @@ from calibration.selfcheck import (
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
+from perfmodel.sim import psnet
 from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import unit_times
 from perfmodel.sim.ps import server_apply_s
@@ -206,6 +209,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if parallel:
         jitter = _jitter(parallel)
     memory = _memory([r for k in ("ddp", "fsdp") for r in by_kind[k]], base_cluster, notes)
+    server_update = _server_update(by_kind["ps"], base_cluster, notes)
+    if server_update is not None:
+        fits = dataclasses.replace(fits, server_update=server_update)
+        stage1 = dataclasses.replace(stage1, server=_as_cluster(base_cluster, fits).server)
     checks |= _ps_checks(by_kind["ps"], stage1, base_cluster)
     notes += failed_checks(checks)
     spread, spread_runs = _run_spread([r for k in TRAINING_KINDS for r in by_kind[k]])
@@ -581,6 +588,36 @@ def _memory_model(run, cluster: ClusterProfile) -> MemoryBreakdown:
 def _scenario(run, cluster: ClusterProfile) -> Scenario:
     return Scenario(cluster=cluster, workload=load_workload(run.row.workload),
                     workers=int(run.row.workers), batch_size=int(run.row.batch_size))
+
+
+def _server_update(runs, base: ClusterProfile, notes: list[str]):
+    """A serial CPU-host server's own time per update (apply + pack, recorded at the server
+    by measure/runs/ps.py) from the PS runs of >= 2 workloads: each run's median over its
+    timed updates, against its gradient bytes (calibration/fit_ps.py `fit_server_update`).
+    None on GPUs (no serial server) or without such runs, with a note saying what is
+    missing."""
+    if not psnet.serial_server(base) or not runs:
+        return None
+    sizes, seconds = [], []
+    for r in runs:
+        w = load_workload(r.row.workload)
+        warm = int(r.row.config.get("warmup_steps") or 0)
+        took = [float(u["apply_s"]) + float(u["pack_s"]) for u in r.table("updates")
+                if u.get("apply_s") is not None and u.get("pack_s") is not None
+                and int(u["step"]) >= warm]
+        if took:
+            sizes.append(w.params * w.precision_spec.grad_bytes)
+            seconds.append(float(np.median(took)))
+    if len(set(sizes)) < 2:
+        notes.append(f"server.update not fitted: it needs the server's own update timings of "
+                     f">= 2 workloads' PS runs, found {len(set(sizes))} (`perfmodel calibrate` "
+                     f"runs ps-cnn-small and ps-mlp; stores from before record none)")
+        return None
+    try:
+        return fit_server_update(sizes, seconds)
+    except PerfmodelError as e:
+        notes.append(f"server.update not fitted: {e}")
+        return None
 
 
 def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str, dict]:

@@ -45,7 +45,7 @@ MEASURABLE_FIELDS = (
     "compute.jitter_cv", "compute.overlap_slowdown", "device.framework_overhead_GiB",
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
-    "compute.whole_step_factor", "compute.by_workload",
+    "compute.whole_step_factor", "compute.by_workload", "server.update",
 )
 
 
@@ -75,6 +75,8 @@ class MeasuredFits:
     whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
     # CPU hosts: the two above for each workload whose whole steps were timed (>= 2 workloads)
     by_workload: tuple[WorkloadFits, ...] = ()
+    # CPU hosts: the serial server's own time per update (latency_us, bandwidth_GBps)
+    server_update: tuple[FitResult, FitResult] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +176,21 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         "intra_node": _link(fits.intra_node, base.intra_node),
         "inter_node": _link(fits.inter_node, base.inter_node),
         "server": {"apply_GBps": _value(fits.server_apply_GBps, base.server.apply_GBps),
-                   "link": base.server.link},
+                   "link": base.server.link} | _server_update(fits, base),
         "calibration": calibration,
     }
+
+
+def _server_update(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
+    """[server.update]: fitted, else the base profile's where it has one, else none."""
+    if fits.server_update is not None:
+        latency, rate = fits.server_update
+        return {"update": {"latency_us": max(latency.value, 0.0),
+                           "bandwidth_GBps": rate.value}}
+    if base.server.update_GBps is not None:
+        return {"update": {"latency_us": base.server.update_latency_us or 0.0,
+                           "bandwidth_GBps": base.server.update_GBps}}
+    return {}
 
 
 def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
@@ -200,6 +214,9 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         if r is not None:
             measured.append(r.parameter)
             results.append(r)
+    if fits.server_update is not None:
+        measured.append("server.update")
+        results += list(fits.server_update)
     if fits.by_workload:
         measured.append("compute.by_workload")
         results += [r for w in fits.by_workload for r in (w.whole_step_factor, w.core_contention)]

@@ -186,6 +186,11 @@ class Server:
 
     apply_GBps: float                    # gradient bytes applied per second (memory-bound)
     link: str                            # "intra_node" or "inter_node": the link a push crosses
+    # A serial CPU-host server's own time per update, apply + pack (measured by `perfmodel
+    # calibrate` at the server, calibration/fit_ps.py): latency + gradient bytes / rate.
+    # None where not measured: the workload's optimizer step and the pack stand for it.
+    update_latency_us: float | None = None
+    update_GBps: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -288,6 +293,15 @@ def _link(f: Fields, nested: bool = False) -> Link:
     )
 
 
+def _server_update(srv: Fields) -> dict[str, float]:
+    """[server.update] (optional): latency_us >= 0 and bandwidth_GBps > 0, both or neither."""
+    if not srv.has("update"):
+        return {}
+    u = srv.table("update")
+    return {"update_latency_us": u.number("latency_us", minimum=0.0),
+            "update_GBps": u.number("bandwidth_GBps", positive=True)}
+
+
 def parse_profile(data: dict, path: Path) -> ClusterProfile:
     f = Fields(data, path)
     prov, dev, comp, srv = f.table("provenance"), f.table("device"), f.table("compute"), \
@@ -344,7 +358,8 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             whole_step_factor=comp.number("whole_step_factor", 1.0, positive=True),
             by_workload=_by_workload(comp),
         ),
-        server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link),
+        server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
+                      **_server_update(srv)),
         path=path,
         calibration_errors=_calibration_errors(data, path),
     )

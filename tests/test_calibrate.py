@@ -198,13 +198,17 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     older = json.loads(json.dumps(launches[0].config))
     older["ops"] = older["ops"] * 3          # a store's one launch of three sweeps
     assert same(older) == same(launches[0].config)
-    assert not any(m.optional for m in full if m not in cores + launches + crowded)
+    # two workloads' PS servers (server.update needs two gradient sizes); the second optional
+    servers = [m for m in full if m.config["kind"] == "ps"]
+    assert [m.config["workload"] for m in servers] == ["cnn-small", "mlp"]
+    assert [m.optional for m in servers] == [False, True]
+    assert not any(m.optional for m in full if m not in cores + launches + crowded + servers)
     assert not any(m.oversubscribe for m in full if m not in cores + crowded)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
-        [ps] = [m for m in suite if m.config["kind"] == "ps"]
-        updates = ps.config["steps"] + ps.config["warmup_steps"]
-        assert ps.config["options"]["ps"]["eval_every"] > updates
+        for ps in [m for m in suite if m.config["kind"] == "ps"]:
+            updates = ps.config["steps"] + ps.config["warmup_steps"]
+            assert ps.config["options"]["ps"]["eval_every"] > updates
     # a PS run stored before that change still stands for the measurement
     from calibration.suite import comparable
     older = json.loads(json.dumps(ps.config))

@@ -116,7 +116,7 @@ def test_server_phases_are_medians_over_the_steady_updates_only():
     # steady: timed steps strictly before worker 0's last update (t = 0.5)
     phases = server_phases(rows, warmup_steps=1)
     assert phases["recv_s"] == pytest.approx(0.011, rel=EXACT)
-    assert phases["apply_s"] == pytest.approx(0.002, rel=EXACT)
+    assert phases["update_s"] == pytest.approx(0.002 + 0.001, rel=EXACT)    # apply + pack
     old = [{k: v for k, v in u.items() if k != "pack_s"} for u in rows]
     assert server_phases(old, warmup_steps=1) == {}                # not recorded: nothing
 
@@ -124,13 +124,13 @@ def test_server_phases_are_medians_over_the_steady_updates_only():
 def test_the_server_phase_table_and_line_name_the_largest_gap():
     row = _row("async-tw8", "timed-wait", 1.9, 2.0, -0.3)
     row = Comparison(**{**row.__dict__, "strategy": "async-ps", "server_phases": {
-        "recv_s": (0.005, 0.009), "apply_s": (0.002, 0.003), "pack_s": (0.001, 0.002),
-        "reply_s": (0.005, 0.006)}, "predicted_breakdown": {
+        "recv_s": (0.005, 0.009), "update_s": (0.003, 0.005), "reply_s": (0.005, 0.006)},
+        "predicted_breakdown": {
         "compute_s": 0.02, "comm_exposed_s": 0.07, "wait_s": 0.0}, "measured_breakdown": {
         "compute_s": 0.02, "comm_wait_s": 0.11}})
     table = report.server_phase_table([row])
-    assert "| async-tw8 | -30.0 % | 5.00 / 9.00 | 2.00 / 3.00 | 1.00 / 2.00 | 5.00 / 6.00 | "\
-           "13.00 / 20.00 |" in table
+    assert "| async-tw8 | -30.0 % | 5.00 / 9.00 | 3.00 / 5.00 | 5.00 / 6.00 | 13.00 / 20.00 |" \
+        in table
     line = summary.server_lines([row])[0]
     assert line.endswith("the largest gap is in receive (wait + push).")
     assert "(sum 20.0 vs 13.0)" in line

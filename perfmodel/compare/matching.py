@@ -45,8 +45,9 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 QUANTITIES = ("throughput", "step_time", "peak_memory", "staleness_mean")
 # a PS server's phases per update (measure/runs/ps.py `record_update`), and the model's
 # counterpart of each (perfmodel/compare/run.py `model_server_phases`)
-SERVER_PHASES = {"recv_s": "receive (wait + push)", "apply_s": "apply", "pack_s": "pack",
+SERVER_PHASES = {"recv_s": "receive (wait + push)", "update_s": "apply + pack",
                  "reply_s": "reply (pull)"}
+_RECORDED = ("recv_s", "apply_s", "pack_s", "reply_s")
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -101,15 +102,16 @@ def steady_staleness_by_worker(updates: Sequence[Any], warmup_steps: int
 def server_phases(updates: Sequence[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
     """The median of each server phase (SERVER_PHASES, seconds) over the steady window's
     updates; {} where the run did not record them (runs before the phases were)."""
-    rows = [u for u in updates if all(u.get(k) is not None for k in SERVER_PHASES)]
+    rows = [u for u in updates if all(u.get(k) is not None for k in _RECORDED)]
     if not rows:
         return {}
     worker, step, time_s, _ = _columns(rows)
     keep = steady_mask(worker, step, time_s, warmup_steps)
     if not keep.any():
         return {}
-    return {k: float(np.median(np.array([u[k] for u in rows], dtype=float)[keep]))
-            for k in SERVER_PHASES}
+    phase = {k: np.array([u[k] for u in rows], dtype=float)[keep] for k in _RECORDED}
+    phase["update_s"] = phase["apply_s"] + phase["pack_s"]
+    return {k: float(np.median(phase[k])) for k in SERVER_PHASES}
 
 
 def steady_throughput(updates: Sequence[Any], warmup_steps: int, batch_size: int

@@ -84,12 +84,11 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
     """The model's counterpart of each measured server phase (matching.SERVER_PHASES) for
     one server holding the whole model, before any core-sharing stretch or queueing: a
     push's and a pull's one-way transfer on the server's link (perfmodel/sim/psnet.py:
-    point to point), and the apply and pack of perfmodel/sim/ps.py."""
+    point to point), and the apply with its pack (perfmodel/sim/ps.py `server_apply_s`)."""
     cluster, wl = p.scenario.cluster, p.scenario.workload
     link = getattr(cluster, cluster.server.link).point_to_point()
-    pack = ps_sim.server_pack_s(cluster, wl, wl.params)
     return {"recv_s": link_transfer_s(link, wl.params * wl.precision_spec.grad_bytes),
-            "apply_s": ps_sim.server_apply_s(cluster, wl, wl.params) - pack, "pack_s": pack,
+            "update_s": ps_sim.server_apply_s(cluster, wl, wl.params),
             "reply_s": link_transfer_s(link, wl.params * wl.precision_spec.param_bytes)}
 
 

@@ -232,23 +232,25 @@ def server_pass_s(cluster: ClusterProfile, wl: Workload, share_params: float) ->
     return share_params * wl.precision_spec.grad_bytes / (cluster.server.apply_GBps * 1e9)
 
 
-def server_pack_s(cluster: ClusterProfile, wl: Workload, share_params: float) -> float:
-    """On a CPU host (a serial server, measure/runs/ps.py) the pack of a shard's parameters
-    into the reply buffer, a copy at the rate the optimizer streams bytes
-    (compute.optimizer_GBps); 0 elsewhere."""
-    if not psnet.serial_server(cluster):
-        return 0.0
-    return share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps * 1e9)
-
-
 def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
                    dc_passes: float = 0.0) -> float:
-    """A server's apply of one gradient to a shard of `share_params` parameters: the
-    workload's optimizer over the shard, DC-ASGD's extra passes, and the pack
-    (`server_pack_s`)."""
-    return (optimizer_seconds(cluster, wl, share_params / wl.params)
-            + dc_passes * server_pass_s(cluster, wl, share_params)
-            + server_pack_s(cluster, wl, share_params))
+    """A server's apply of one gradient to a shard of `share_params` parameters, and DC-ASGD's
+    extra passes. On a CPU host (a serial server, measure/runs/ps.py) the apply includes the
+    pack of the parameters into the reply buffer: where calibration measured that server's
+    own time per update (`server.update_*`, calibration/fit_ps.py) it is latency + gradient
+    bytes / rate; elsewhere the workload's optimizer over the shard plus the pack, a copy at
+    the rate the optimizer streams bytes (compute.optimizer_GBps)."""
+    extra = dc_passes * server_pass_s(cluster, wl, share_params)
+    if not psnet.serial_server(cluster):
+        return optimizer_seconds(cluster, wl, share_params / wl.params) + extra
+    srv = cluster.server
+    if srv.update_GBps is not None:
+        grad_bytes = share_params * wl.precision_spec.grad_bytes
+        return (srv.update_latency_us or 0.0) * 1e-6 + grad_bytes / (srv.update_GBps * 1e9) \
+            + extra
+    pack_s = share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps
+                                                             * 1e9)
+    return optimizer_seconds(cluster, wl, share_params / wl.params) + pack_s + extra
 
 
 class _PSRun:
