@@ -111,11 +111,12 @@ def test_server_phases_are_medians_over_the_steady_updates_only():
                 "version_applied": 0, "recv_s": recv, "apply_s": 0.002, "pack_s": 0.001,
                 "reply_s": 0.005}
     rows = [update(0, 0, 0.1, 9.0), update(1, 0, 0.2, 9.0),         # warm-up: left out
-            update(0, 1, 0.3, 0.010), update(1, 1, 0.4, 0.012), update(0, 2, 0.5, 0.011),
-            update(1, 2, 0.6, 0.013), update(1, 3, 0.7, 7.0)]
-    # steady: timed steps strictly before worker 0's last update (t = 0.5)
+            update(0, 1, 0.3, 0.010), update(1, 1, 0.4, 0.010), update(1, 2, 0.45, 0.016),
+            update(0, 2, 0.5, 0.011), update(1, 3, 0.7, 7.0)]
+    # steady: timed steps strictly before worker 0's last update (t = 0.5); the mean (the
+    # server's time per update), not the median
     phases = server_phases(rows, warmup_steps=1)
-    assert phases["recv_s"] == pytest.approx(0.011, rel=EXACT)
+    assert phases["recv_s"] == pytest.approx(0.012, rel=EXACT)
     assert phases["update_s"] == pytest.approx(0.002 + 0.001, rel=EXACT)    # apply + pack
     old = [{k: v for k, v in u.items() if k != "pack_s"} for u in rows]
     assert server_phases(old, warmup_steps=1) == {}                # not recorded: nothing
@@ -135,3 +136,21 @@ def test_the_server_phase_table_and_line_name_the_largest_gap():
     assert line.endswith("the largest gap is in receive (wait + push).")
     assert "(sum 20.0 vs 13.0)" in line
     assert report.server_phase_table([_row("ddp", "real", None, None, 0.0)]) == []
+
+
+def test_the_models_server_phases_reply_to_every_sync_worker_and_once_async():
+    from perfmodel.cluster import load_cluster
+    from perfmodel.compare.protocol import HeldOut, model_options, scenario_for
+    from perfmodel.compare.run import model_server_phases
+    from perfmodel.predict import predict
+
+    profile = load_cluster("local")
+    phases = {}
+    for strategy in ("sync-ps", "async-ps"):
+        h = HeldOut(key=strategy, what="t", strategy=strategy, workload="mlp", workers=3)
+        p = predict(strategy, scenario_for(h, profile, steps=4, seed=0),
+                    **model_options(h, cpu=True))
+        phases[strategy] = model_server_phases(p)
+    sync, async_ = phases["sync-ps"], phases["async-ps"]
+    assert sync["reply_s"] == pytest.approx(3 * async_["reply_s"], rel=EXACT)
+    assert sync["recv_s"] == async_["recv_s"] and sync["update_s"] == async_["update_s"]

@@ -100,8 +100,10 @@ def steady_staleness_by_worker(updates: Sequence[Any], warmup_steps: int
 
 
 def server_phases(updates: Sequence[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
-    """The median of each server phase (SERVER_PHASES, seconds) over the steady window's
-    updates; {} where the run did not record them (runs before the phases were)."""
+    """The mean of each server phase (SERVER_PHASES, seconds) over the steady window's
+    updates: the server's time per update, phase by phase (a mean, not a median: an SSP
+    update releases no reply most of the time and several at once now and then); {} where
+    the run did not record them (runs before the phases were)."""
     rows = [u for u in updates if all(u.get(k) is not None for k in _RECORDED)]
     if not rows:
         return {}
@@ -111,7 +113,7 @@ def server_phases(updates: Sequence[dict[str, Any]], warmup_steps: int) -> dict[
         return {}
     phase = {k: np.array([u[k] for u in rows], dtype=float)[keep] for k in _RECORDED}
     phase["update_s"] = phase["apply_s"] + phase["pack_s"]
-    return {k: float(np.median(phase[k])) for k in SERVER_PHASES}
+    return {k: float(np.mean(phase[k])) for k in SERVER_PHASES}
 
 
 def steady_throughput(updates: Sequence[Any], warmup_steps: int, batch_size: int

@@ -277,14 +277,15 @@ def server_phase_table(rows: Sequence[Comparison]) -> list[str]:
         return []
     out = ["## Parameter server: time per update by phase", "",
            "Measured: the server's own clock around each update (measure/runs/ps.py), the "
-           "median over the steady updates, then over repeats. Model: each phase alone, "
+           "mean over the steady updates, then the median over repeats. Model: each phase alone, "
            "before core sharing and queueing (perfmodel/compare/run.py "
            "`model_server_phases`): a one-way transfer of the push and of the reply on the "
            "server's link, the optimizer step over the model with the copy into the reply "
            "buffer (calibrated at the server where `server.update` is in the profile). A "
            "measured receive also holds the wait for the next push (whole when the server "
-           "idles); a reply sends to every worker it releases at once (sync: all of "
-           "them, isend to each), so one transfer stands for it.", "",
+           "idles). Synchronous: apply + pack and reply are per version (a reply to every "
+           "worker, one after another); asynchronous: one reply per update, SSP's on "
+           "average.", "",
            "| config | step time error | " + " | ".join(
                f"{name} ms model / measured" for name in SERVER_PHASES.values())
            + " | sum ms model / measured |", "|---|---|" + "---|" * (len(SERVER_PHASES) + 1)]

@@ -89,7 +89,9 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
     link = getattr(cluster, cluster.server.link).point_to_point()
     return {"recv_s": link_transfer_s(link, wl.params * wl.precision_spec.grad_bytes),
             "update_s": ps_sim.server_apply_s(cluster, wl, wl.params),
-            "reply_s": link_transfer_s(link, wl.params * wl.precision_spec.param_bytes)}
+            # a synchronous server replies to each of its workers in turn, per version
+            "reply_s": link_transfer_s(link, wl.params * wl.precision_spec.param_bytes)
+            * (p.scenario.workers if strategy_records.get(p.strategy).synchronous else 1)}
 
 
 def step_interval(p: Prediction, errors: CalibrationErrors | None):
