@@ -170,11 +170,15 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 + (f" ({r} of {n})" if n > 1 else ""), _sweep(kind, size, ranks, common), r,
                 optional=r > 1)
     if kind == "cpu" and ranks >= 2:
-        shared = ranks * SHARED_RANKS_PER_RANK
-        add("collectives-shared", f"collectives, {shared} ranks on {ranks} cores, 1 sweep of "
-            f"{', '.join(SHARED_OPS)}",
-            {**_sweep(kind, size, shared, common), "ops": list(SHARED_OPS)},
-            oversubscribe=True, optional=True)
+        # As many crowded sweeps as 2-rank launches, each right after one of them: one sweep
+        # fitted comm_cpu_bound_fraction anywhere from 0.08 to 0.29 (± 0.04-0.08 each) in five
+        # calibrations of 2026-12-03/04; the fit pools every crowded timing.
+        shared, n = ranks * SHARED_RANKS_PER_RANK, size.collective_launches
+        for r in range(1, n + 1):
+            add("collectives-shared", f"collectives, {shared} ranks on {ranks} cores, 1 sweep "
+                f"of {', '.join(SHARED_OPS)}" + (f" ({r} of {n})" if n > 1 else ""),
+                {**_sweep(kind, size, shared, common), "ops": list(SHARED_OPS)}, r,
+                oversubscribe=True, optional=True)
     for w in names[:size.compute_workloads]:
         b = load_workload(w).batch_size
         batches = sorted({max(1, b // 4), max(1, b // 2), b})
@@ -217,16 +221,20 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
 
 def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:
     """The single-node collective launches spread over the other measurements: the first
-    before them, the others after equal shares of them (the multi-node launch stays first)."""
-    launches = [m for m in rest if m.key.rsplit("-", 1)[0] == "collectives"]
+    before them, the others after equal shares of them, each followed by its crowded sweep
+    (more ranks than cores) where there is one (the multi-node launch stays first)."""
+    def kind(m: Measurement) -> str:
+        return m.key.rsplit("-", 1)[0]
+    launches = [m for m in rest if kind(m) == "collectives"]
+    crowded = [m for m in rest if kind(m) == "collectives-shared"]
     if len(launches) < 2:
         return rest
     first = [m for m in rest if m.key.startswith("collectives-nodes")]
-    others = [m for m in rest if m not in launches and m not in first]
+    others = [m for m in rest if m not in launches and m not in crowded and m not in first]
     share = -(-len(others) // len(launches))        # ceil: every launch but the first follows
     chunks = [others[i * share:(i + 1) * share] for i in range(len(launches))]
-    return first + [m for launch, chunk in zip(launches, chunks, strict=True)
-                    for m in (launch, *chunk)]
+    return first + [m for i, (launch, chunk) in enumerate(zip(launches, chunks, strict=True))
+                    for m in (launch, *crowded[i:i + 1], *chunk)] + crowded[len(launches):]
 
 
 def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:
