@@ -25,9 +25,11 @@ it feeds (calibration/from_store.py):
 - ddp: the first workload `DDP_REPEATS` times (overlap slowdown, jitter, memory, and the
   run-to-run spread of a repeated configuration), the second once (a second model size, so
   the memory fit can tell a constant from a fraction).
-- ps: the first workload with one worker (no queue at the server): checks of the server round
-  trip and of the PS memory model; the server does not evaluate while it runs. No fit uses
-  it: it is the run the calibration checks itself on (calibration/selfcheck.py).
+- ps: the first two workloads with one worker each (no queue at the server), `PS_REPEATS`
+  times each (once with --quick): the server's own time per update at two gradient sizes
+  (`[server.update]`, calibration/fit_ps.py), and checks of the round trip and of the PS
+  memory model; the server does not evaluate while it runs. The round trip is what the
+  calibration checks itself on (calibration/selfcheck.py).
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
@@ -81,6 +83,7 @@ WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
 CORES_REPEATS = 2
 DDP_REPEATS = 3
+PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -202,11 +205,16 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     # Two workloads' servers, for the server's own time per update at two gradient sizes
     # (calibration/fit_ps.py `fit_server_update`); the second is optional, as a store from
     # before it still calibrates everything else.
+    # Each twice in the full suite: one run of each left server.update anywhere from 4.2 to
+    # 5.1 ms an mlp update in two calibrations of 2026-12-04 (held-out servers: 3.8-4.6 ms).
+    repeats = 1 if quick else PS_REPEATS
     for i, w in enumerate(names[:2]):
-        add(f"ps-{w}", f"ps {w}, 1 worker + server",
-            _training("ps", w, 1, size.steps,
-                      {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common),
-            optional=i > 0)
+        for r in range(1, repeats + 1):
+            add(f"ps-{w}", f"ps {w}, 1 worker + server"
+                + (f" ({r} of {repeats})" if repeats > 1 else ""),
+                _training("ps", w, 1, size.steps,
+                          {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common),
+                r, optional=i > 0 or r > 1)
     if kind == "cpu":       # every compute workload's own: their working sets differ
         for r in range(1, size.cores_repeats + 1):
             for w in names[:min(size.cores_workloads, size.compute_workloads)]:
