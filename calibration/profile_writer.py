@@ -176,12 +176,12 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         "intra_node": _link(fits.intra_node, base.intra_node),
         "inter_node": _link(fits.inter_node, base.inter_node),
         "server": {"apply_GBps": _value(fits.server_apply_GBps, base.server.apply_GBps),
-                   "link": base.server.link} | _server_update(fits, base),
+                   "link": base.server.link} | _server_update_table(fits, base),
         "calibration": calibration,
     }
 
 
-def _server_update(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
+def _server_update_table(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
     """[server.update]: fitted, else the base profile's where it has one, else none."""
     if fits.server_update is not None:
         latency, rate = fits.server_update

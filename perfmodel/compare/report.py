@@ -270,8 +270,8 @@ def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = No
 
 
 def server_phase_table(rows: Sequence[Comparison]) -> list[str]:
-    """A PS server's time per update by phase, measured (medians over the steady updates,
-    then over repeats) beside the model's closed-form counterpart of each phase."""
+    """A PS server's time per update by phase, measured (the mean over the steady updates,
+    then the median over repeats) beside the model's closed-form counterpart of each phase."""
     chosen = [r for r in rows if any(m is not None for _, m in r.server_phases.values())]
     if not chosen:
         return []

@@ -313,10 +313,10 @@ def why_missed(rows: Sequence[Comparison], loads: Sequence[float] = (),
         out.append(f"{part} holds the largest gap in {', '.join(gaps)}{extra}. Why that "
                    f"part differs is not known: the runs record compute and "
                    f"communication + waiting per step, nothing finer.")
+    cores = cores or os.cpu_count() or 1
     out += server_lines(rows)
-    out += cpu_lines(rows, cores or os.cpu_count() or 1)
+    out += cpu_lines(rows, cores)
     if loads and not any(r.own_cores is not None for r in rows):
-        cores = cores or os.cpu_count() or 1
         own = sorted({r.workers + (1 if strategy_records.get(r.strategy).is_ps else 0)
                       for r in rows})
         out.append(f"1-minute load average before the runs: {min(loads):.1f}–"
