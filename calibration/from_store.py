@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from calibration.fit import FitResult, fit_result, relative_lstsq
-from calibration.fit_comm_sharing import fit_comm_cpu_bound_fraction, shared
+from calibration.fit_comm_sharing import SharingFit, fit_comm_sharing, shared
 from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
 from calibration.fit_cores import (
     ConcurrentTiming,
@@ -182,7 +182,7 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
 
     host = (dataclasses.replace(base_cluster, comm_cpu_cores_per_node=os.cpu_count() or 1)
             if base_cluster.comm_cpu_cores_per_node else None)      # CPU-driven links
-    network, comm_sharing = _network(by_kind["collectives"], host, base_cluster, notes)
+    network, sharing = _network(by_kind["collectives"], host, base_cluster, notes)
     concurrent = [r for r in by_kind["compute"] if _is_concurrent(r)]
     units = [r for r in by_kind["compute"] if not _is_concurrent(r)]
     compute, optimizer, apply = _compute(units, base_cluster, notes)
@@ -191,7 +191,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
-                        core_contention=contention, comm_cpu_bound_fraction=comm_sharing)
+                        core_contention=contention,
+                        comm_cpu_bound_fraction=sharing.fraction if sharing else None,
+                        comm_cpu_bound_by_bytes=sharing.by_bytes if sharing else ())
     if contention is not None and compute is not None:
         passes = _as_cluster(base_cluster, fits)
         fits = dataclasses.replace(fits, whole_step_factor=_whole_step(concurrent, passes),
@@ -345,11 +347,12 @@ def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
 
 
 def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: list[str]
-             ) -> tuple[dict | None, FitResult | None]:
-    """(link fits, topology.comm_cpu_bound_fraction) of the collectives runs. On a CPU host
-    (`host`) the links are fitted on the runs whose ranks fit the cores, and u on the others
-    against them (calibration/fit_comm_sharing.py); a store with only runs of more ranks than
-    cores fits the links through the base profile's core sharing instead."""
+             ) -> tuple[dict | None, SharingFit | None]:
+    """(link fits, topology.comm_cpu_bound_fraction and _by_bytes) of the collectives runs.
+    On a CPU host (`host`) the links are fitted on the runs whose ranks fit the cores, and u
+    (one value and by size) on the others against them (calibration/fit_comm_sharing.py); a
+    store with only runs of more ranks than cores fits the links through the base profile's
+    core sharing instead."""
     raw = collective_samples(runs)
     if not raw:
         return None, None
@@ -363,13 +366,14 @@ def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: lis
     unshared = _as_cluster(base, MeasuredFits(intra_node=links.get("intra_node"),
                                               inter_node=links.get("inter_node")))
     try:
-        u = fit_comm_cpu_bound_fraction(crowded, unshared, cores)
+        u = fit_comm_sharing(crowded, unshared, cores)
     except PerfmodelError as e:
         notes.append(f"{e}: the base profile's value stays")
         return links, None
+    curve = ", ".join(f"{n / 2**20:g} MiB {v:.2f}" for n, v in u.by_bytes)
     notes.append(f"collectives with more ranks than cores ({len(crowded)} timings) fitted "
-                 f"the shared part of a collective u = {u.value:.2f} (p/c would be u = 1), "
-                 f"not the links")
+                 f"the shared part of a collective's byte term u = {u.fraction.value:.2f} "
+                 f"(p/c would be u = 1; by size: {curve or 'none'}), not the links")
     return links, u
 
 

@@ -46,6 +46,7 @@ MEASURABLE_FIELDS = (
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
+    "topology.comm_cpu_bound_by_bytes",
 )
 
 
@@ -72,6 +73,7 @@ class MeasuredFits:
     server_apply_GBps: FitResult | None = None
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
+    comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()   # ... and u by size
     whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
     # CPU hosts: the two above for each workload whose whole steps were timed (>= 2 workloads)
     by_workload: tuple[WorkloadFits, ...] = ()
@@ -170,6 +172,7 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                     | ({"comm_cpu_bound_fraction": _value(fits.comm_cpu_bound_fraction,
                                                           base.comm_cpu_bound_fraction)}
                        if base.comm_cpu_cores_per_node else {})
+                    | _sharing_curve(fits, base)
                     | ({"compute_cpu_cores_per_node": info.cpu_cores or
                         base.compute_cpu_cores_per_node}
                        if base.compute_cpu_cores_per_node else {}),
@@ -179,6 +182,16 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                    "link": base.server.link} | _server_update_table(fits, base),
         "calibration": calibration,
     }
+
+
+def _sharing_curve(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
+    """topology.comm_cpu_bound_by_bytes: fitted (with its u), else the base profile's unless
+    the one value was fitted without it, else none."""
+    if not base.comm_cpu_cores_per_node:
+        return {}
+    curve = fits.comm_cpu_bound_by_bytes or (
+        base.comm_cpu_bound_by_bytes if fits.comm_cpu_bound_fraction is None else ())
+    return {"comm_cpu_bound_by_bytes": [[n, round(u, 4)] for n, u in curve]} if curve else {}
 
 
 def _server_update_table(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
@@ -214,6 +227,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         if r is not None:
             measured.append(r.parameter)
             results.append(r)
+    if fits.comm_cpu_bound_by_bytes:
+        measured.append("topology.comm_cpu_bound_by_bytes")
     if fits.server_update is not None:
         measured.append("server.update")
         results += list(fits.server_update)

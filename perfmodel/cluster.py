@@ -208,11 +208,15 @@ class ClusterProfile:
     # Cores that drive communication on a node (a CPU backend such as gloo copies and
     # reduces on the host's cores); 0 = the links move data themselves (NVLink, NIC DMA).
     comm_cpu_cores_per_node: int = 0
-    # The part u of a CPU-driven collective's unshared time that is CPU work and shares the
-    # cores when ranks outnumber them; the rest (waiting on wake-ups and peers) does not.
-    # 1 = all of it (the default where not measured); `perfmodel calibrate` fits it on a CPU
-    # host from a collective sweep with twice as many ranks as cores.
+    # The part u of a CPU-driven collective's byte term (n·β: copying and reducing bytes)
+    # that is CPU work and shares the cores when ranks outnumber them; the rest, and the
+    # per-step latency (waiting on wake-ups and peers), does not. 1 = all of it (the default
+    # where not measured); `perfmodel calibrate` fits it on a CPU host from a collective
+    # sweep with twice as many ranks as cores, by message size where it can
+    # (comm_cpu_bound_by_bytes, [[bytes, u], ...], log-interpolated, flat beyond its ends;
+    # empty = this one value at every size).
     comm_cpu_bound_fraction: float = 1.0
+    comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()
     # Cores the node's compute runs on when its "devices" are CPU cores (a CPU host: every
     # busy process, workers and parameter servers alike, shares them); 0 = each device
     # computes on its own (GPUs), and compute is never stretched by core sharing.
@@ -225,19 +229,27 @@ class ClusterProfile:
     # None for spec-derived profiles and calibrations that skipped compute or the network.
     calibration_errors: CalibrationErrors | None = None
 
-    def comm_cpu_share(self, workers: int) -> float:
-        """How much slower a collective runs because its ranks share the node's cores.
+    def comm_cpu_bound(self, nbytes: float | None = None) -> float:
+        """u at a collective of `nbytes` (the curve where measured, else the one value)."""
+        if self.comm_cpu_bound_by_bytes and nbytes is not None:
+            return interpolate_log(self.comm_cpu_bound_by_bytes, max(nbytes, 1.0))
+        return self.comm_cpu_bound_fraction
+
+    def comm_cpu_share(self, workers: int, nbytes: float | None = None) -> float:
+        """How much slower a collective's byte term (n·β) runs because its ranks share the
+        node's cores; the latency steps are waits and do not share.
 
         A ring step waits for every rank's copy and reduction, and the ranks of a ring work
         in lock step, so their CPU bursts coincide: during the CPU-bound part u of the
-        unshared time, p busy ranks on c < p cores each get c/p of a core (processor
-        sharing); the rest, waiting on wake-ups and peers, overlaps. So time x
-        (1 − u + u·p/c), p/c when u = 1; 1 when p <= c or the links move data themselves."""
+        unshared byte time, p busy ranks on c < p cores each get c/p of a core (processor
+        sharing); the rest overlaps. So n·β x (1 − u + u·p/c), p/c when u = 1; 1 when
+        p <= c or the links move data themselves. u depends on the message size where
+        calibration measured it (`comm_cpu_bound`)."""
         per_node = min(workers, self.devices_per_node)
         cores = self.comm_cpu_cores_per_node
         if not cores or per_node <= cores:
             return 1.0
-        u = self.comm_cpu_bound_fraction
+        u = self.comm_cpu_bound(nbytes)
         return 1.0 - u + u * per_node / cores
 
     def compute_share(self, busy: float, workload: str | None = None) -> float:
@@ -341,6 +353,9 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
         comm_cpu_cores_per_node=f.table("topology").integer("comm_cpu_cores_per_node", 0),
         comm_cpu_bound_fraction=f.table("topology").number("comm_cpu_bound_fraction", 1.0,
                                                             maximum=1.0),
+        comm_cpu_bound_by_bytes=(f.table("topology").curve("comm_cpu_bound_by_bytes",
+                                                           allow_zero=True)
+                                 if f.table("topology").has("comm_cpu_bound_by_bytes") else ()),
         compute_cpu_cores_per_node=f.table("topology").integer("compute_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),

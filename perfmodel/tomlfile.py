@@ -86,8 +86,9 @@ class Fields:
             raise PerfmodelError(f"{self._where(key)} must be a list of strings")
         return tuple(value)
 
-    def curve(self, key: str) -> tuple[tuple[float, float], ...]:
-        """A table of [x, y] points with x strictly increasing and y in (0, 1]."""
+    def curve(self, key: str, allow_zero: bool = False) -> tuple[tuple[float, float], ...]:
+        """A table of [x, y] points with x strictly increasing and y in (0, 1] ([0, 1] with
+        `allow_zero`)."""
         value = self.data.get(key)
         ok = isinstance(value, list) and len(value) >= 1 and all(
             isinstance(p, list) and len(p) == 2
@@ -102,8 +103,9 @@ class Fields:
             raise PerfmodelError(f"{self._where(key)}: every value must be a finite number")
         if any(b <= a for a, b in zip(xs, xs[1:], strict=False)) or xs[0] <= 0:
             raise PerfmodelError(f"{self._where(key)}: sizes must be positive and increasing")
-        if any(not 0 < y <= 1 for y in ys):
-            raise PerfmodelError(f"{self._where(key)}: fractions must lie in (0, 1]")
+        if any(not (y >= 0 if allow_zero else y > 0) or y > 1 for y in ys):
+            raise PerfmodelError(f"{self._where(key)}: fractions must lie in "
+                                 f"{'[0, 1]' if allow_zero else '(0, 1]'}")
         return tuple(zip(xs, ys, strict=True))
 
 

@@ -161,16 +161,23 @@ def test_auto_allreduce_takes_the_faster_algorithm(workers, nbytes):
 
 @pytest.mark.parametrize("op", ["all-reduce", "all-gather", "reduce-scatter", "broadcast"])
 def test_cpu_driven_collectives_share_the_nodes_cores(op):
-    # p ranks on c < p cores: each gets c/p of a core, so the collective takes p/c as long;
-    # up to c ranks, nothing changes; across nodes only the ranks per node count
+    # p ranks on c < p cores: each gets c/p of a core, so the byte term (the copies and
+    # reductions) takes p/c as long and the latency steps (waits) do not stretch; up to c
+    # ranks, nothing changes; across nodes only the ranks per node count
     free = make_cluster("local", comm_cpu_cores_per_node=0)
     cpu = make_cluster("local", comm_cpu_cores_per_node=2)
     n = 4e6
+
+    def stretched(c_free, p, factor):
+        latency = collective_s(op, c_free, p, 0.0)
+        return latency + factor * (collective_s(op, c_free, p, n) - latency)
+
     for p, factor in ((2, 1.0), (4, 2.0), (8, 4.0)):
-        assert collective_s(op, cpu, p, n) == pytest.approx(factor * collective_s(op, free, p, n))
+        assert collective_s(op, cpu, p, n) == pytest.approx(stretched(free, p, factor))
+        assert collective_s(op, cpu, p, 0.0) == pytest.approx(collective_s(op, free, p, 0.0))
     nodes = make_cluster("local", comm_cpu_cores_per_node=2, devices_per_node=4)
     nodes_free = make_cluster("local", comm_cpu_cores_per_node=0, devices_per_node=4)
-    assert collective_s(op, nodes, 16, n) == pytest.approx(2 * collective_s(op, nodes_free, 16, n))
+    assert collective_s(op, nodes, 16, n) == pytest.approx(stretched(nodes_free, 16, 2.0))
     assert sendrecv_s(cpu, n) == sendrecv_s(free, n)       # one message: one core each end
 
 

@@ -30,9 +30,11 @@ all-gather or reduce-scatter).
 
 CPU-driven communication (gloo on a CPU host, `cluster.comm_cpu_cores_per_node` = c > 0):
 every rank's copies and reductions run on the node's cores, and a ring step finishes when
-the slowest rank's does, so p ranks on c < p cores take p/c times as long (processor
-sharing; `ClusterProfile.comm_cpu_share`). Seen on 2 cores with compute replaced by waits:
-all-reduce at 4 and 8 ranks took 2x and 4x the 2-rank-calibrated time.
+the slowest rank's does, so with p ranks on c < p cores the CPU-bound part u of the byte
+term n·β takes p/c times as long (processor sharing; `ClusterProfile.comm_cpu_share`); the
+latency steps (waits for wake-ups and peers) do not share. u grows with the message size
+where measured (topology.comm_cpu_bound_by_bytes): on 2 cores, 4 ranks' byte term stretched
+by u = 0.1-0.3 at 2-4 MiB and 0.4-0.6 at 8-16 MiB (calibration/fit_comm_sharing.py).
 
 Implementations that are no ring (gloo's reduce-scatter, say) are carried by a measured
 `Link.time_factor_by_op`: the kind's time over the α–β ring model fitted on all-reduce
@@ -111,9 +113,14 @@ def _beta(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
 
 
 def _op_factor(cluster: ClusterProfile, workers: int, op: str) -> float:
-    """The measured time factor of `op` on the bottleneck link, and core sharing."""
+    """The measured time factor of `op` on the bottleneck link."""
     link = cluster.intra_node if _nodes(cluster, workers) == 1 else cluster.inter_node
-    return link.time_factor(op) * cluster.comm_cpu_share(workers)
+    return link.time_factor(op)
+
+
+def _bytes_s(cluster: ClusterProfile, workers: int, nbytes: float, byte_seconds: float) -> float:
+    """A collective's byte term, stretched where its ranks share the node's CPU cores."""
+    return byte_seconds * cluster.comm_cpu_share(workers, nbytes)
 
 
 def _ring_latency(cluster: ClusterProfile, workers: int, steps: int, inter_steps: int) -> float:
@@ -139,14 +146,14 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
                                                                           "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    share = _op_factor(cluster, p, "all-reduce")
+    factor = _op_factor(cluster, p, "all-reduce")
     if algorithm == "ring":
         latency = _ring_latency(cluster, p, *ring_steps("all-reduce", p, k))
-        return (latency + 2 * (p - 1) / p * nbytes * beta) * share
+        return (latency + _bytes_s(cluster, p, nbytes, 2 * (p - 1) / p * nbytes * beta)) * factor
     per_node = min(p, cluster.devices_per_node)
     latency = 2 * ((per_node - 1) * cluster.intra_node.latency_s
                    + int(math.log2(k)) * cluster.inter_node.latency_s)
-    return (latency + 2 * nbytes * beta) * share
+    return (latency + _bytes_s(cluster, p, nbytes, 2 * nbytes * beta)) * factor
 
 
 def _half_ring_s(cluster: ClusterProfile, workers: int, nbytes: float, op: str) -> float:
@@ -155,8 +162,8 @@ def _half_ring_s(cluster: ClusterProfile, workers: int, nbytes: float, op: str) 
     if p == 1:
         return 0.0
     latency = _ring_latency(cluster, p, *ring_steps(op, p, _nodes(cluster, p)))
-    return (latency + (p - 1) / p * nbytes * _beta(cluster, p, nbytes)) \
-        * _op_factor(cluster, p, op)
+    byte_seconds = (p - 1) / p * nbytes * _beta(cluster, p, nbytes)
+    return (latency + _bytes_s(cluster, p, nbytes, byte_seconds)) * _op_factor(cluster, p, op)
 
 
 def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
@@ -181,13 +188,15 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
         return 0.0
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    share = _op_factor(cluster, p, "broadcast")
+    factor = _op_factor(cluster, p, "broadcast")
     if algorithm == "ring":
-        return (_ring_latency(cluster, p, *ring_steps("broadcast", p, k)) + nbytes * beta) * share
+        return (_ring_latency(cluster, p, *ring_steps("broadcast", p, k))
+                + _bytes_s(cluster, p, nbytes, nbytes * beta)) * factor
     alpha = cluster.intra_node.latency_s
     if k > 1:
         alpha = max(alpha, cluster.inter_node.latency_s)
-    return math.ceil(math.log2(p)) * (alpha + nbytes * beta) * share
+    return math.ceil(math.log2(p)) * (alpha + _bytes_s(cluster, p, nbytes, nbytes * beta)) \
+        * factor
 
 
 def link_transfer_s(link: Link, nbytes: float) -> float:
