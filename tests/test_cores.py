@@ -175,6 +175,26 @@ def test_fsdp_on_gloo_blocks_so_step_is_compute_plus_every_collective():
     assert np.mean([s.end_s - s.start_s for s in gpu.steps if s.step >= 2]) < np.mean(steps)
 
 
+def test_a_straggler_on_a_cpu_host_holds_a_core_only_while_it_computes():
+    # measure/timing.py's Straggler: a worker of speed s computes, then sleeps
+    # compute·(1/s − 1), which holds no core. 2 async workers on 1 core (no CPU copies):
+    # an equal partner is busy nearly all the time, so the fast worker's compute stretches
+    # by about 2; a partner of speed 0.25 computes a quarter of its span, so the fast
+    # worker's stretch beyond 1 is about a quarter of that (processor sharing), well under
+    # half; the slow worker's own compute (its busy part) is stretched the same way
+    host = cpu_host(1, comm_cpu_cores_per_node=0)
+    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    extra = {}
+    for slow in (1.0, 0.25):
+        sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32,
+                      jitter="none", speed=(1.0, slow))
+        res = AsyncPS().simulate(sc)
+        fast = np.mean([s.compute_s for s in res.steps if s.step >= 2 and s.worker == 0])
+        extra[slow] = fast / nominal - 1.0
+    assert extra[1.0] > 0.8
+    assert 0.0 < extra[0.25] < 0.5 * extra[1.0]
+
+
 def test_cpu_copies_of_ps_transfers_count_as_busy_processes():
     # gloo on a CPU host: both sides of a push or pull keep a core busy copying. 2 async
     # workers on 2 cores: without copies b never exceeds 2 (the applied worker waits), so

@@ -52,7 +52,9 @@ Assumptions to know:
   (`topology.compute_cpu_cores_per_node` > 0) every worker and server of a node shares its
   cores. Both are processor sharing with the server's duty cycle (perfmodel/sim/cores.py),
   found as a fixed point: simulate, measure how busy each side was while the other
-  computed, stretch the compute and the applies, simulate again (`_sharing_stretch`).
+  computed, stretch the compute and the applies, simulate again (`_sharing_stretch`). On a
+  CPU host a slow worker (speed s < 1) holds a core for the first s of its compute only: the
+  rest is the sleep measure/timing.py's Straggler adds (`_busy_part`).
 - Delay compensation (DC-ASGD, Zheng et al. 2017) makes the server also compute
   g + λ g⊙g⊙(w_now − w_old) and keep each worker's w_old: unfused elementwise passes (g⊙g,
   w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x
@@ -298,6 +300,7 @@ class _PSRun:
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
                                      worker_stretch)
         self.compute_spans: list[list[tuple[float, float]]] | None = None
+        self.speeds = scenario.speeds
         # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
         # busy copying while it carries it; None where the links move data themselves
         self.link_stretch = link_stretch
@@ -561,6 +564,15 @@ def _sharing_groups(run: _PSRun) -> list[tuple[list[int], list[int], bool]]:
     return groups
 
 
+def _busy_part(span: tuple[float, float], speed: float) -> tuple[float, float]:
+    """The part of a compute span that holds a core. On a CPU host a worker of speed s < 1
+    is what measure/timing.py's Straggler makes it: its compute, then a sleep of
+    compute·(1/s − 1) that holds no core, so only the first s of the span is busy. On a GPU
+    (speed 1 here) a slower device is busy for all of it."""
+    start, end = span
+    return (start, start + (end - start) * min(speed, 1.0))
+
+
 def _sharing_note(run: _PSRun) -> str:
     workers, servers, links = run.stretch
     where = (f"{run.cluster.compute_cpu_cores_per_node} cores per node"
@@ -598,7 +610,8 @@ def _sharing_stretch(run: _PSRun, first: bool = False
                 for w in ws:
                     workers[w] = on_cores_share(cluster.ranks_busy(len(ws)))
             continue
-        compute = [span for w in ws for span in run.compute_spans[w]]
+        compute = [_busy_part(span, run.speeds[w] if on_cores else 1.0)
+                   for w in ws for span in run.compute_spans[w]]
         share = on_cores_share if on_cores else cores.device_share
         copies = [run.copy_spans[node]] if copying else []
         applies = [run.servers[i].spans for i in ss]
