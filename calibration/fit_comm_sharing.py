@@ -38,12 +38,11 @@ import numpy as np
 
 from calibration.fit import FitResult, fit_result
 from calibration.fit_network import CollectiveSample
-from perfmodel.cluster import ClusterProfile, interpolate_log
+from perfmodel.cluster import ClusterProfile
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim import collectives
 
 PARAMETER = "topology.comm_cpu_bound_fraction"
-BY_BYTES = "topology.comm_cpu_bound_by_bytes"
 # a size tells u only where its byte term is at least this share of its unshared time
 BYTE_SHARE_MIN = 0.2
 _TIME = {"all-reduce": collectives.allreduce_s, "all-gather": collectives.allgather_s,
@@ -105,7 +104,8 @@ def fit_comm_sharing(samples: Sequence[CollectiveSample], unshared: ClusterProfi
     u = float(np.clip(np.median(per_point), 0.0, 1.0))
     # the standard error of a median of n normal points: 1.2533 σ / √n
     stderr = 1.2533 * float(np.std(per_point, ddof=1)) / np.sqrt(len(per_point))
-    u_at = np.array([_interpolate(curve, s.bytes, u) for s in use])
+    fitted = dataclasses.replace(unshared, comm_cpu_bound_fraction=u, comm_cpu_bound_by_bytes=curve)
+    u_at = np.array([fitted.comm_cpu_bound(s.bytes) for s in use])
     rel = (model + u_at * excess * byte - measured) / measured
     return SharingFit(fraction=fit_result(PARAMETER, u, stderr, rel), by_bytes=curve)
 
@@ -114,7 +114,3 @@ def fit_comm_cpu_bound_fraction(samples: Sequence[CollectiveSample], unshared: C
                                 cores: int) -> FitResult:
     """The one value u of `fit_comm_sharing`."""
     return fit_comm_sharing(samples, unshared, cores).fraction
-
-
-def _interpolate(curve, nbytes: float, default: float) -> float:
-    return interpolate_log(curve, max(nbytes, 1.0)) if curve else default
