@@ -89,6 +89,7 @@ from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim import psnet
 from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import unit_times
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 from perfmodel.sim.ps import server_apply_s
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
@@ -524,14 +525,17 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         # that collectives are in flight (perfmodel/sim/compute.py in_flight_fraction).
         scenario = Scenario(cluster=cluster, workload=w, workers=n,
                             batch_size=int(r.row.batch_size))
-        over = in_flight = 0.0
-        if n > 1:
-            in_flight = make_strategy(r.row.kind).in_flight(scenario)
+        over = in_flight = host = 0.0
+        if n > 1:       # a DDP run's timer is a comm hook (selfcheck.py's options)
+            strategy = make_strategy(r.row.kind, **(
+                {"comm_hook": HARNESS_DDP_HOOK} if r.row.kind == "ddp" else {}))
+            in_flight = strategy.in_flight(scenario)
             over = in_flight * sum(passes[p] for p in OVERLAPPED[r.row.kind])
+            host = strategy.host_compute_s(scenario)     # the framework's copies
         for s in r.table("steps"):
             measured.append(float(s["compute_s"]))
             stretched.append(over)
-            known.append(t.step_s - over)
+            known.append(t.step_s - over + host)
     m = np.array(measured)
     if m.size < 2 or not np.all(np.isfinite(m) & (m > 0)):
         raise PerfmodelError(f"compute.overlap_slowdown: need >= 2 DDP or FSDP steps with a "

@@ -37,6 +37,7 @@ import numpy as np
 from perfmodel.cluster import ClusterProfile
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import predict
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.scenario import parse_speeds as scenario_speeds
 from perfmodel.workload import load_workload
@@ -185,12 +186,12 @@ def check_run(cluster: ClusterProfile, run, tolerances: Tolerances,
 def _strategy(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     kind = config["kind"]
     opts = dict((config.get("options") or {}).get(kind) or {})
-    if kind == "ddp":
+    if kind == "ddp":       # measure/runs/ddp.py times the buckets with a comm hook
         cap, first = opts.get("bucket_cap_MiB"), opts.get("first_bucket_MiB")
         if cap is None and first is None:
-            return "ddp", {}
+            return "ddp", {"comm_hook": HARNESS_DDP_HOOK}
         cap = float(cap if cap is not None else 25.0)
-        return "ddp", {"bucket_cap_MiB": cap,
+        return "ddp", {"bucket_cap_MiB": cap, "comm_hook": HARNESS_DDP_HOOK,
                        "first_bucket_MiB": float(first if first is not None else cap)}
     if kind == "fsdp":
         return "fsdp", {"variant": opts.get("variant", "full-shard"), "prefetch": 0}

@@ -51,6 +51,7 @@ from perfmodel.compare.protocol import (
     run_config,
 )
 from perfmodel.errors import PerfmodelError
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "local_runs.json"
@@ -211,8 +212,12 @@ def test_options_and_timed_wait_config_describe_the_same_run():
 
     bucket = HeldOut(key="b", what="", strategy="ddp", workload="mlp", workers=2,
                      options={"bucket_cap_MiB": 1.0})
-    # torch: a bucket cap set by hand is also the first bucket's size (measure/runs/ddp.py)
-    assert model_options(bucket) == {"bucket_cap_MiB": 1.0, "first_bucket_MiB": 1.0}
+    # torch: a bucket cap set by hand is also the first bucket's size (measure/runs/ddp.py),
+    # and the run times its buckets in a comm hook that divides them (measure/runs/ddp.py)
+    assert model_options(bucket) == {"bucket_cap_MiB": 1.0, "first_bucket_MiB": 1.0,
+                                     "comm_hook": "allreduce"}
+    from measure.runs.ddp import HOOKS, allreduce_hook
+    assert HOOKS[HARNESS_DDP_HOOK] is allreduce_hook
     tw = HeldOut(key="t", what="", strategy="fsdp", workload="mlp", workers=4,
                  options={"variant": "full-shard"}, timed_wait=True)
     config = run_config(tw, load_cluster("local"), steps=3, seed=0, repeat=1)

@@ -7,6 +7,8 @@ Sources: torch 2.13 DDP (reducer.cpp: buckets in reverse parameter order, 1 MiB 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from factories import flat_link, make_cluster, make_workload
@@ -14,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import perfmodel.memory
+from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allreduce_s
 from perfmodel.sim.compute import unit_times
@@ -95,9 +98,64 @@ def test_compute_hides_all_but_the_last_bucket():
                        in_flight=DDP().in_flight(sc))
     buckets = gradient_buckets(wl, times.backward_s, 25.0, 1.0)
     durations = [allreduce_s(cluster, 8, b.nbytes) for b in buckets]
+    host = DDP().host_passes(sc, buckets)        # copies in during backward, back after it
     result = DDP().simulate(sc)
-    assert step_times(result) == pytest.approx(times.step_s + durations[-1], rel=REL)
+    assert step_times(result) == pytest.approx(
+        times.step_s + host.copy_in_s.sum() + durations[-1] + host.copy_back_s, rel=REL)
     assert sum(durations) > 10 * durations[-1]        # most communication was hidden
+
+
+def test_the_reducer_copies_every_gradient_in_and_back_at_the_streaming_rate():
+    # reducer.cpp: copy_grad_to_bucket (one pass, divided on the way without a hook) and
+    # finalize_bucket_dense's copy back; each pass reads and writes the gradient bytes once,
+    # the unit of compute.optimizer_GBps
+    cluster = make_cluster()
+    wl = make_workload(units=6, params_per_unit=3_000_000)
+    sc = scenario(cluster, wl, 8)
+    buckets = gradient_buckets(wl, np.ones(6), 25.0, 1.0)
+    grad_bytes = 6 * 3_000_000 * wl.precision_spec.grad_bytes
+    rate = cluster.compute.optimizer_GBps * 1e9
+    plain = DDP().host_passes(sc, buckets)
+    assert plain.copy_in_s.sum() == pytest.approx(grad_bytes / rate, rel=REL)
+    assert plain.copy_back_s == pytest.approx(grad_bytes / rate, rel=REL)
+    assert not plain.before_s.any() and not plain.after_s.any()
+    hooked = DDP(DDP.Options(comm_hook="allreduce")).host_passes(sc, buckets)
+    assert hooked.before_s.sum() == pytest.approx(grad_bytes / rate, rel=REL)
+    alone = DDP().host_passes(scenario(cluster, wl, 1), buckets)    # one rank: no reducer
+    assert alone.copy_in_s.sum() == alone.copy_back_s == 0.0
+
+
+def test_a_hook_that_divides_costs_one_pass_over_the_gradients_when_compute_hides_the_rest():
+    # with compute >> communication every bucket's divide but the last delays backward and
+    # the last delays its own all-reduce: the step grows by exactly one pass
+    cluster = make_cluster(intra_node=flat_link(100.0, 2.0))
+    wl = make_workload(units=8, params_per_unit=5_000_000, flops_per_sample=2e11)
+    sc = scenario(cluster, wl, 8)
+    grad_bytes = 8 * 5_000_000 * wl.precision_spec.grad_bytes
+    plain = step_times(DDP().simulate(sc))
+    hooked = step_times(DDP(DDP.Options(comm_hook="allreduce")).simulate(sc))
+    assert hooked - plain == pytest.approx(
+        np.full_like(plain, grad_bytes / (cluster.compute.optimizer_GBps * 1e9)), rel=1e-6)
+
+
+def test_the_reducer_passes_share_a_cpu_hosts_cores_even_in_a_timed_wait():
+    # every rank of a node copies at once; a timed wait sleeps its compute, not its copies
+    local = load_cluster("local")
+    wl = make_workload(units=4, params_per_unit=1_000_000)
+    buckets = gradient_buckets(wl, np.ones(4), 25.0, 1.0)
+    for cluster in (local, dataclasses.replace(local, compute_occupies_cores=False)):
+        two = DDP().host_passes(scenario(cluster, wl, 2), buckets).copy_back_s
+        eight = DDP().host_passes(scenario(cluster, wl, 8), buckets).copy_back_s
+        assert eight / two == pytest.approx(
+            cluster.compute_share(8, wl.name) / cluster.compute_share(2, wl.name), rel=REL)
+        assert eight / two > 1.5
+
+
+def test_comm_hook_is_checked():
+    with pytest.raises(PerfmodelError, match="unknown comm hook"):
+        DDP.Options(comm_hook="fp8")
+    with pytest.raises(PerfmodelError, match="not both"):
+        DDP.Options(comm_hook="allreduce", grad_compression="bf16")
 
 
 def test_staleness_zero_and_records_complete():

@@ -30,6 +30,7 @@ from measure.settings import parse_settings
 from measure.timing import DeviceClock, param_checksum
 from measure.training import build_model, data_parallel_training, loop_summary, make_optimizer
 from perfmodel.errors import PerfmodelError
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK
 
 MiB = 1024 * 1024
 TORCH_DEFAULT_CAP_MiB = 25.0        # torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB
@@ -53,12 +54,17 @@ class BucketTimer:
         return max(0.0, self.clock.seconds(self.last_ready, backward_end))
 
 
+# The hook that times the buckets is itself a comm hook, which changes how the reducer
+# divides the gradients (perfmodel/sim/ddp.py); the model is told which (HARNESS_COMM_HOOK).
+HOOKS = {"allreduce": allreduce_hook}
+
+
 def timed_allreduce(state: BucketTimer, bucket):   # bucket: dist.GradBucket (torch checks
     # the annotation against the class itself, which `from __future__ import annotations` breaks)
     state.last_ready = state.clock.mark()
     buffer = bucket.buffer()
     state.bucket_bytes[bucket.index()] = buffer.numel() * buffer.element_size()
-    return allreduce_hook(None, bucket)
+    return HOOKS[HARNESS_COMM_HOOK](None, bucket)
 
 
 def bucket_arguments(options: dict[str, Any]) -> tuple[dict[str, Any], float, float]:

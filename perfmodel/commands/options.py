@@ -91,6 +91,11 @@ def strategy_options(f):
         click.option("--grad-compression", type=click.Choice(["none", "bf16"]), default=None,
                      help="ddp: bf16_compress_hook, all-reducing 2 bytes a gradient instead "
                           "of the reduce dtype's (4 under autocast) [none]."),
+        click.option("--comm-hook", type=click.Choice(["none", "allreduce"]), default=None,
+                     help="ddp: a Python comm hook that divides each bucket in a pass of its "
+                          "own, like torch's allreduce_hook (perfmodel's own DDP runs register "
+                          "one to time the buckets); none: the reducer divides while it copies "
+                          "[none]."),
         click.option("--variant", type=click.Choice(["full-shard", "grad-op"]), default=None,
                      help="fsdp: full-shard (ZeRO-3) or grad-op (ZeRO-2-like) [full-shard]."),
         click.option("--prefetch", type=click.IntRange(0), default=None,
@@ -200,7 +205,7 @@ def pop_elastic_options(kwargs: dict[str, Any], workers: int, strategy: str | No
 # (tests/test_cli.py checks they agree): naming them here spares predict importing every
 # strategy's simulator (DDP, FSDP and PS modules) just to learn their option names.
 STRATEGY_OPTION_NAMES = ("bucket_cap_MiB", "first_bucket_MiB", "allreduce", "grad_compression",
-                         "variant",
+                         "comm_hook", "variant",
                          "prefetch", "servers", "server_placement", "staleness_aware_lr",
                          "delay_compensation", "staleness_bound")
 

@@ -40,6 +40,7 @@ from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.compute import unit_times
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 from perfmodel.sim.scenario import Scenario
 from perfmodel.tomlfile import Fields, load_toml
 from perfmodel.workload import load_workload
@@ -184,12 +185,12 @@ def check_disjoint(held_out: tuple[HeldOut, ...], calibration_configs) -> None:
 def model_options(h: HeldOut, *, cpu: bool = True) -> dict[str, Any]:
     """The strategy options that describe the run `h` to the model (module docstring)."""
     o = h.options
-    if h.kind == "ddp":
+    if h.kind == "ddp":     # measure/runs/ddp.py times the buckets with a comm hook
         cap, first = o.get("bucket_cap_MiB"), o.get("first_bucket_MiB")
         if cap is None and first is None:
-            return {}
+            return {"comm_hook": HARNESS_DDP_HOOK}
         cap = float(cap if cap is not None else 25.0)       # torch: a set cap is the
-        return {"bucket_cap_MiB": cap,                      # first bucket too
+        return {"bucket_cap_MiB": cap, "comm_hook": HARNESS_DDP_HOOK,  # first bucket too
                 "first_bucket_MiB": float(first if first is not None else cap)}
     if h.kind == "fsdp":
         return {"variant": o.get("variant", "full-shard"), "prefetch": 0 if cpu else 1}

@@ -8,7 +8,20 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   than the cap fills several buckets, each ready part-way through that unit;
 - a bucket's all-reduce starts when the bucket is ready on ALL ranks and the previous bucket's
   all-reduce is done (one communication stream: a `SharedLink`), overlapping the rest of
-  backward; the optimizer step runs after the last all-reduce, the next step after that.
+  backward; the optimizer step runs after the last all-reduce, the next step after that;
+- the reducer's own memory-bound passes over the gradients (`reducer.cpp`, with the default
+  gradient_as_bucket_view=False that perfmodel/memory.py assumes too), each a read and a write
+  of the bucket's bytes at `compute.optimizer_GBps`: as a gradient is computed it is copied
+  into its bucket (divided by the world size in the same pass, `at::mul_out`, unless a comm
+  hook is registered: then the copy is plain and the hook divides the bucket in a pass of its
+  own before issuing its all-reduce, as torch's `allreduce_hook` does; bf16_compress_hook's
+  cast and divide count as one such pass and its cast back as one more after the all-reduce);
+  after the last all-reduce every bucket is copied back into the gradients
+  (`finalize_bucket_dense`) before backward returns. The copies and the hooks' divides run on
+  the compute thread or stream and delay the backward after them; the last bucket's divide
+  and the copy-back follow the backward, so they are exposed (where measure/runs/ddp.py's
+  timer sees them). On a CPU host every rank of a node makes these passes at once, so they
+  are stretched by `cluster.compute_share(ranks per node)`, in a timed wait too.
 
 One SimPy process drives all workers at once: per-worker clocks are numpy arrays (workers run
 independently between collectives; a collective starts at the latest rank's ready time), and
@@ -44,6 +57,26 @@ from perfmodel.workload import Workload
 MiB = 2**20
 MAX_BUCKETS = 100_000       # beyond this a bucket cap is a typo, and the simulation would crawl
 GRAD_COMPRESSION = ("none", "bf16")
+COMM_HOOKS = ("none", "allreduce")
+HARNESS_COMM_HOOK = "allreduce"     # measure/runs/ddp.py times buckets in a wrapped allreduce_hook
+
+
+@dataclass(frozen=True, slots=True)
+class HostPasses:
+    """The reducer's memory-bound passes over the gradients of one step (module docstring),
+    in seconds on one rank: copying each unit's gradients into its bucket (forward order, like
+    UnitTimes), a hook's divide of each bucket before its all-reduce and its cast back after
+    it (DDP's bucket order), and the copy back into the gradients after the last all-reduce."""
+
+    copy_in_s: np.ndarray
+    before_s: np.ndarray
+    after_s: np.ndarray
+    copy_back_s: float
+
+    def in_compute_s(self) -> float:
+        """The part a run's timer counts as compute: every pass inside backward (all but the
+        last bucket's divide, which follows the backward)."""
+        return float(self.copy_in_s.sum() + self.before_s[:-1].sum())
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +148,16 @@ class DDP:
         first_bucket_MiB: float = 1.0    # dist._DEFAULT_FIRST_BUCKET_BYTES
         allreduce: str = "auto"          # NCCL algorithm: ring | tree | auto (the faster)
         grad_compression: str = "none"   # none | bf16 (ddp_comm_hooks bf16_compress_hook)
+        comm_hook: str = "none"          # none | allreduce (a Python hook that divides, such
+                                         # as default_hooks.allreduce_hook; module docstring)
 
         def __post_init__(self):
+            if self.comm_hook not in COMM_HOOKS:
+                raise PerfmodelError(f"unknown comm hook '{self.comm_hook}'; choose from: "
+                                     f"{', '.join(COMM_HOOKS)}")
+            if self.comm_hook != "none" and self.grad_compression != "none":
+                raise PerfmodelError("grad_compression bf16 is a comm hook of its own; "
+                                     "give comm_hook or grad_compression, not both")
             if self.grad_compression not in GRAD_COMPRESSION:
                 raise PerfmodelError(f"unknown gradient compression '{self.grad_compression}'"
                                      f"; choose from: {', '.join(GRAD_COMPRESSION)}")
@@ -159,6 +200,31 @@ class DDP:
         cluster = scenario.cluster
         return cluster.ranks_busy(min(scenario.workers, cluster.devices_per_node))
 
+    def host_passes(self, scenario: Scenario, buckets: list[Bucket]) -> HostPasses:
+        """The reducer's passes over the gradients (none with one worker: no reducer here).
+        On a CPU host all ranks of a node make them at once, so they share its cores even
+        when the compute is a timed wait."""
+        cluster, wl = scenario.cluster, scenario.workload
+        nbytes = np.array([b.nbytes for b in buckets])
+        if scenario.workers < 2 or not buckets:
+            zeros = np.zeros(len(buckets))
+            return HostPasses(np.zeros(len(wl.units)), zeros, zeros, 0.0)
+        ranks = min(scenario.workers, cluster.devices_per_node)
+        rate = cluster.compute.optimizer_GBps * 1e9 / cluster.compute_share(ranks, wl.name)
+        grads = np.array([u.params * wl.precision_spec.grad_bytes for u in wl.units])
+        hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
+        after = nbytes / rate if self.options.grad_compression == "bf16" else 0.0 * nbytes
+        return HostPasses(copy_in_s=grads / rate, before_s=nbytes / rate * hooked,
+                          after_s=after, copy_back_s=float(nbytes.sum() / rate))
+
+    def host_compute_s(self, scenario: Scenario) -> float:
+        """Seconds of the reducer's passes a run counts as compute (HostPasses.in_compute_s),
+        with the default buckets and the passes' own unit times."""
+        alone = unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
+                           busy=self.busy(scenario))
+        buckets, _, _ = self._wire(scenario, alone.backward_s)
+        return self.host_passes(scenario, buckets).in_compute_s()
+
     def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
         """Share of backward during which all-reduces are in flight (compute/in_flight_fraction);
         `alone`: the unit times without the overlap slowdown, if already computed."""
@@ -184,7 +250,15 @@ class DDP:
         overlap_extra_s = forward_s + backward_s - plain_s
         buckets, wire_bytes, durations = self._wire(scenario, times.backward_s)
         communicate = n > 1 and bool(buckets)
+        # The reducer's passes: copies as gradients arrive and the hook's divides delay the
+        # rest of backward; the last bucket's divide and the copy back follow it.
+        host = self.host_passes(scenario, buckets)
+        host_in_s = host.in_compute_s()
+        nbytes = np.array([b.nbytes for b in buckets])
+        copied_s = host.copy_in_s.sum() * np.cumsum(nbytes) / max(nbytes.sum(), 1.0)
+        host_ready_s = (copied_s + np.cumsum(host.before_s))[:, None]
         ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
+        durations = durations + host.after_s
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
 
@@ -208,19 +282,23 @@ class DDP:
             for step in range(scenario.steps):
                 slow = noise.draw()
                 start = clock
+                # The overlap slowdown and the reducer's passes are the rank's own work, added
+                # to (not scaled with) a slow or jittery worker's passes, as in fsdp.py.
                 passes = plain_s * slow + overlap_extra_s             # forward + backward
-                backward_end = start + passes
+                backward_end = start + passes + host_in_s
                 comm_end, alone_comm_end = -np.inf, np.full(n, -np.inf)
                 if communicate:
                     # bucket b is ready the same share of the way through each worker's passes
-                    ready = start + np.outer(ready_s, passes / (forward_s + backward_s))
+                    ready = start + np.outer(ready_s, passes / (forward_s + backward_s)) \
+                        + host_ready_s
                     comm_end = yield env.process(reducer(ready.max(axis=1)))
                     # counterfactual: the same chain if every rank had this worker's times
                     alone_comm_end = (ready + rest_s[:, None]).max(axis=0)
                 optimizer = times.optimizer_s * slow
-                clock = np.maximum(backward_end, comm_end) + optimizer
-                alone_end = np.maximum(backward_end, alone_comm_end) + optimizer
-                compute = passes + times.optimizer_s * slow
+                after = host.copy_back_s + optimizer
+                clock = np.maximum(backward_end, comm_end) + after
+                alone_end = np.maximum(backward_end, alone_comm_end) + after
+                compute = passes + host_in_s + times.optimizer_s * slow
                 s, u = sync_step_records(step, start, clock, compute, alone_end)
                 steps.extend(s)
                 updates.extend(u)

@@ -20,9 +20,10 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   gradient is a view of it). Each copy's bytes move at the calibrated streaming rate
   `compute.optimizer_GBps` (the optimizer is the same kind of foreach pass over memory, its
   rate counting each byte of state once, read and written), stretched by core sharing like
-  the passes (`copy_seconds`). A full-shard step copies 4.5x the parameter bytes at 2 ranks
-  (3.4x at 8): mlp's 12.9 MB at 2 ranks 3.4 ms at this CPU host's calibrated 17 GB/s;
-  bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
+  the passes (`copy_seconds`), with every rank of the node copying at once, in a timed
+  wait too (the copies are real work there, unlike the compute). A full-shard step copies
+  4.5x the parameter bytes at 2 ranks (3.4x at 8): mlp's 12.9 MB at 2 ranks 3.4 ms at this
+  CPU host's calibrated 17 GB/s; bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
 Traffic per rank is 3Ψ(N−1)/N for full-shard and 2Ψ(N−1)/N for grad-op, against DDP's
 2Ψ(N−1)/N (ZeRO, Rajbhandari et al. 2020: 1.5x).
 
@@ -148,6 +149,14 @@ class FSDP:
         """Whether collectives block the rank: where communication is CPU-driven (gloo)."""
         return cluster.comm_cpu_cores_per_node > 0
 
+    def host_compute_s(self, scenario: Scenario) -> float:
+        """Seconds of FSDP2's copies a run counts as compute (all of them: they sit inside
+        forward and backward)."""
+        n = scenario.workers
+        copy_f, copy_b = copy_seconds(scenario, self.options.variant == "full-shard",
+                                      min(n, scenario.cluster.devices_per_node))
+        return float(np.sum(copy_f) + np.sum(copy_b))
+
     def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
         """Share of forward + backward during which all-gathers and reduce-scatters are in
         flight (compute/in_flight_fraction): their seconds over the passes' seconds."""
@@ -187,7 +196,7 @@ class FSDP:
         # worker does not lengthen: added to each pass, not scaled with it.
         # FSDP2's copies are the rank's own work, added like the slowdown (a straggler's
         # emulated compute does not slow them).
-        copy_f, copy_b = copy_seconds(scenario, regather, busy)
+        copy_f, copy_b = copy_seconds(scenario, regather, min(n, cluster.devices_per_node))
         extra_f = times.forward_s - plain.forward_s + copy_f
         extra_b = times.backward_s - plain.backward_s + copy_b
 
