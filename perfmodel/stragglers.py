@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from perfmodel.errors import PerfmodelError
-from perfmodel.sim.compute import StepNoise, unit_times
+from perfmodel.sim.compute import StepNoise, ps_worker_seconds
 from perfmodel.sim.scenario import Scenario
 
 ORDER_DRAWS = 4000          # steps drawn for an order statistic's mean (SE ≈ 1 % of it)
@@ -73,8 +73,7 @@ def backup_step(scenario: Scenario, backups: int, step_time_fastest_s: float) ->
     if not 1 <= backups < n:
         raise PerfmodelError(f"backup workers must be 1..{n - 1} of {n}, got {backups}")
     used = n - backups
-    nominal = unit_times(scenario.cluster, scenario.workload, scenario.batch_size,
-                         optimizer_param_fraction=0).step_s
+    nominal = ps_worker_seconds(scenario.cluster, scenario.workload, scenario.batch_size)
     kept = fastest(scenario, used)
     saved = nominal * (order_statistic_mean(kept, used)
                        - order_statistic_mean(scenario, used))

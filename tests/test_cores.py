@@ -18,7 +18,7 @@ import pytest
 from perfmodel.cluster import Link
 from perfmodel.sim import cores
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
-from perfmodel.sim.compute import unit_times
+from perfmodel.sim.compute import ps_worker_seconds, unit_times
 from perfmodel.sim.ddp import DDP
 from perfmodel.sim.fsdp import FSDP
 from perfmodel.sim.ps import AsyncPS, SyncPS
@@ -120,7 +120,7 @@ def test_one_ps_worker_never_computes_while_its_server_applies():
     host = cpu_host(1, server=dataclasses.replace(make_cluster("local").server,
                                                   link="intra_node"))
     sc = Scenario(cluster=host, workload=WORKLOAD, workers=1, batch_size=32, jitter="none")
-    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    nominal = ps_worker_seconds(host, WORKLOAD, 32)
     for strategy in (AsyncPS(), SyncPS()):
         assert _compute_s(strategy.simulate(sc)) == pytest.approx(nominal, rel=EXACT_TOL)
 
@@ -133,7 +133,7 @@ def test_async_ps_compute_stretch_stays_within_processor_sharing_bounds():
         host = cpu_host(c)
         sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32,
                       jitter="none")
-        nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+        nominal = ps_worker_seconds(host, WORKLOAD, 32)
         res = AsyncPS().simulate(sc)
         stretch = _compute_s(res) / nominal
         assert 1.0 - 1e-9 <= stretch <= max(1.0, 3 / c) + 1e-9, (c, stretch)
@@ -149,7 +149,7 @@ def test_gpu_colocated_server_slows_only_the_worker_whose_device_it_shares():
     dedicated = AsyncPS(AsyncPS.Options(server_placement="dedicated")).simulate(sc)
     per_worker = {w: np.mean([s.compute_s for s in colocated.steps if s.worker == w])
                   for w in range(4)}
-    nominal = unit_times(gpu, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    nominal = ps_worker_seconds(gpu, WORKLOAD, 32)
     assert per_worker[0] > nominal * (1 + 1e-6)             # the host shares its device
     for w in (1, 2, 3):
         assert per_worker[w] == pytest.approx(nominal, rel=EXACT_TOL)
@@ -183,7 +183,7 @@ def test_a_straggler_on_a_cpu_host_holds_a_core_only_while_it_computes():
     # worker's stretch beyond 1 is about a quarter of that (processor sharing), well under
     # half; the slow worker's own compute (its busy part) is stretched the same way
     host = cpu_host(1, comm_cpu_cores_per_node=0)
-    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    nominal = ps_worker_seconds(host, WORKLOAD, 32)
     extra = {}
     for slow in (1.0, 0.25):
         sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32,
@@ -204,7 +204,7 @@ def test_cpu_copies_of_ps_transfers_count_as_busy_processes():
     for comm_cores in (0, 2):
         host = cpu_host(2, comm_cpu_cores_per_node=comm_cores)
         sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32, jitter="none")
-        nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+        nominal = ps_worker_seconds(host, WORKLOAD, 32)
         stretch[comm_cores] = _compute_s(AsyncPS().simulate(sc)) / nominal
     assert stretch[0] == pytest.approx(1.0, rel=EXACT_TOL)
     assert 1.0 < stretch[2] <= 1.5 + 1e-9
@@ -215,7 +215,7 @@ def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_sha
     # server's applies and the messages' CPU copies are real work on the host's cores
     host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
     sc = Scenario(cluster=host, workload=WORKLOAD, workers=8, batch_size=32, jitter="none")
-    nominal = unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    nominal = ps_worker_seconds(host, WORKLOAD, 32)
     result = AsyncPS().simulate(sc)
     assert _compute_s(result) == pytest.approx(nominal, rel=EXACT_TOL)
     free = dataclasses.replace(host, compute_cpu_cores_per_node=0, comm_cpu_cores_per_node=0,
@@ -225,10 +225,11 @@ def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_sha
                 if s.step >= 2]
     assert np.mean([s.end_s - s.start_s for s in done]) >= \
         np.mean([s.end_s - s.start_s for s in unshared]) * (1 - 1e-9)
-    ddp_sc = dataclasses.replace(sc, workers=4)     # + the reducer's copies: real work
+    ddp_sc = dataclasses.replace(sc, workers=4)     # + the reducer's copies' core sharing
     ddp = DDP().simulate(ddp_sc)
     assert _compute_s(ddp) == pytest.approx(unit_times(host, WORKLOAD, 32).step_s
                                             + DDP().host_compute_s(ddp_sc), rel=EXACT_TOL)
+    assert DDP().host_compute_s(ddp_sc) > 0
 
 
 def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback():
@@ -242,7 +243,7 @@ def test_on_a_cpu_host_even_the_sharing_worker_reaches_its_server_over_loopback(
     host = cpu_host(2)
     sc = Scenario(cluster=host, workload=WORKLOAD, workers=1, batch_size=32, jitter="none")
     nbytes = WORKLOAD.params * 4
-    expected = (unit_times(host, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    expected = (ps_worker_seconds(host, WORKLOAD, 32)
                 + 2 * link_transfer_s(host.intra_node, nbytes)
                 + optimizer_seconds(host, WORKLOAD, 1.0)
                 + nbytes / (host.compute.optimizer_GBps * 1e9))

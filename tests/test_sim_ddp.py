@@ -138,17 +138,21 @@ def test_a_hook_that_divides_costs_one_pass_over_the_gradients_when_compute_hide
         np.full_like(plain, grad_bytes / (cluster.compute.optimizer_GBps * 1e9)), rel=1e-6)
 
 
-def test_the_reducer_passes_share_a_cpu_hosts_cores_even_in_a_timed_wait():
-    # every rank of a node copies at once; a timed wait sleeps its compute, not its copies
+def test_the_reducer_passes_share_a_cpu_hosts_cores_and_a_timed_wait_keeps_only_the_sharing():
+    # every rank of a node copies at once; in a timed wait measure/timed_wait.py's Sleeper
+    # pays the copies' CPU time back from the next sleeps, so only the wait for a core is left
     local = load_cluster("local")
     wl = make_workload(units=4, params_per_unit=1_000_000)
     buckets = gradient_buckets(wl, np.ones(4), 25.0, 1.0)
-    for cluster in (local, dataclasses.replace(local, compute_occupies_cores=False)):
-        two = DDP().host_passes(scenario(cluster, wl, 2), buckets).copy_back_s
-        eight = DDP().host_passes(scenario(cluster, wl, 8), buckets).copy_back_s
-        assert eight / two == pytest.approx(
-            cluster.compute_share(8, wl.name) / cluster.compute_share(2, wl.name), rel=REL)
-        assert eight / two > 1.5
+    alone = 4_000_000 * wl.precision_spec.grad_bytes / (local.compute.optimizer_GBps * 1e9)
+    waited = dataclasses.replace(local, compute_occupies_cores=False)
+    for ranks in (2, 8):
+        share = local.compute_share(ranks, wl.name)
+        real = DDP().host_passes(scenario(local, wl, ranks), buckets).copy_back_s
+        timed = DDP().host_passes(scenario(waited, wl, ranks), buckets).copy_back_s
+        assert real == pytest.approx(alone * share, rel=REL)
+        assert timed == pytest.approx(alone * (share - 1.0), rel=REL)
+    assert local.compute_share(8, wl.name) > 3.0       # 8 ranks on 2 cores
 
 
 def test_comm_hook_is_checked():

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from perfmodel.cluster import Server
 from perfmodel.errors import PerfmodelError
-from perfmodel.sim.compute import unit_times
+from perfmodel.sim.compute import ps_worker_seconds, unit_times
 from perfmodel.sim.mva import mva, saturation_customers, throughput_bounds
 from perfmodel.sim.ps import DC_ASGD_EXTRA_PASSES, SSPPS, AsyncPS, SyncPS
 from perfmodel.sim.records import SimResult
@@ -29,7 +29,6 @@ THEORY_TOL = 0.05       # the project's acceptance tolerance against theory (5 %
 EXACT_TOL = 1e-9        # deterministic hand calculations: float rounding only
 MVA_TOL = 0.02          # issue 13: simulation vs exact MVA under exponential service
 WORKLOAD = make_workload()                      # 4M fp32 params: 16 MB each way
-NOMINAL_S = unit_times(make_cluster("a100"), WORKLOAD, 32, optimizer_param_fraction=0).step_s
 PAYLOAD_BYTES = WORKLOAD.param_bytes           # pull bytes = push bytes (fp32)
 
 
@@ -46,6 +45,9 @@ def cluster(link_GBps: float = 1e6, latency_us: float = 0.0, apply_GBps: float =
                         compute=dataclasses.replace(base.compute, optimizer_GBps=apply_GBps),
                         server=Server(apply_GBps=apply_GBps, link="inter_node"),
                         devices_per_node=per_node)
+
+
+NOMINAL_S = ps_worker_seconds(cluster(), WORKLOAD, 32)   # forward + backward + its copies
 
 
 def scenario(workers: int, steps: int, **kw) -> Scenario:
@@ -117,11 +119,25 @@ def test_one_worker_step_by_hand(servers):
     transfer = lat * 1e-6 + PAYLOAD_BYTES / (bw * 1e9)
     apply_s = STATE_BYTES * WORKLOAD.params / servers / (apply_bw * 1e9)
     for r in result.steps:
-        assert r.end_s - r.start_s == pytest.approx(2 * transfer + NOMINAL_S + apply_s,
+        compute_s = ps_worker_seconds(sc.cluster, WORKLOAD, 32)   # its copies at 8 GB/s
+        assert r.end_s - r.start_s == pytest.approx(2 * transfer + compute_s + apply_s,
                                                     rel=EXACT_TOL)
         assert r.comm_exposed_s == pytest.approx(2 * transfer, rel=EXACT_TOL)
         assert r.wait_s == pytest.approx(apply_s, rel=EXACT_TOL)
     assert len(result.comms) == 2 * servers * 5
+
+
+def test_a_ps_worker_copies_the_model_in_and_its_gradients_out_each_step():
+    # measure/runs/ps.py `work`: unflatten (the pulled parameters into the model) and torch.cat
+    # (the gradients into the push buffer), one read and write of their bytes each at the
+    # memory-bound rate; a timed wait pays that CPU work back from its sleeps
+    c = cluster(apply_GBps=8.0)
+    p = WORKLOAD.precision_spec
+    passes = unit_times(c, WORKLOAD, 32, optimizer_param_fraction=0).step_s
+    copies = WORKLOAD.params * (p.param_bytes + p.grad_bytes) / 8e9
+    assert ps_worker_seconds(c, WORKLOAD, 32) == pytest.approx(passes + copies, rel=EXACT_TOL)
+    waited = dataclasses.replace(c, compute_occupies_cores=False)
+    assert ps_worker_seconds(waited, WORKLOAD, 32) == pytest.approx(passes, rel=EXACT_TOL)
 
 
 def test_delay_compensation_charges_extra_apply_work():
@@ -184,7 +200,8 @@ def test_async_throughput_matches_exact_mva(workers, steps):
     apply_GBps = STATE_BYTES * WORKLOAD.params / demand / 1e9
     sc = scenario(workers, steps, jitter="exponential", seed=7,
                   cluster=cluster(bw_GBps, latency_us, apply_GBps, per_node=4))
-    think = NOMINAL_S + 2 * latency_us * 1e-6
+    # the worker's copies run at this cluster's optimizer rate (apply_GBps): part of Z
+    think = ps_worker_seconds(sc.cluster, WORKLOAD, 32) + 2 * latency_us * 1e-6
     strategy = AsyncPS()
     rng = np.random.default_rng(3)
     strategy.service = rng.exponential

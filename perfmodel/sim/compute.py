@@ -106,6 +106,21 @@ def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fractio
     return opt_bytes / (cluster.compute.optimizer_GBps * 1e9)
 
 
+def ps_worker_seconds(cluster: ClusterProfile, workload: Workload, batch_size: int) -> float:
+    """A parameter-server worker's nominal compute of one step: forward + backward (no
+    optimizer: the server applies) and its own two passes over the model (measure/runs/ps.py
+    `work`): the pulled flat parameters copied into the model's parameters and the gradients
+    concatenated into the flat push buffer, one read and write of their bytes each at
+    compute.optimizer_GBps. In a timed wait the harness pays that CPU work back from the
+    sleeps (measure/timed_wait.py), so only the passes are left."""
+    passes = unit_times(cluster, workload, batch_size, optimizer_param_fraction=0).step_s
+    if not cluster.compute_occupies_cores:
+        return passes
+    p = workload.precision_spec
+    copies = workload.params * (p.param_bytes + p.grad_bytes)
+    return passes + copies / (cluster.compute.optimizer_GBps * 1e9)
+
+
 class StepNoise:
     """Per-worker multipliers on a step's compute time: 1/speed x a jitter draw of mean 1."""
 

@@ -7,7 +7,9 @@ sharding, and the links as hardware). One worker step:
   pull    every server's shard, all at once, each over its route (the server node's NIC out
           and the worker node's NIC in; the intra-node link within a node), every link
           direction carrying one message at a time, first come first served,
-  compute forward + backward (compute.unit_times with no optimizer work, times StepNoise),
+  compute forward + backward (compute.unit_times with no optimizer work) and the worker's two
+          copies (compute.ps_worker_seconds: the pulled parameters into the model, the
+          gradients into the push buffer), times StepNoise,
   push    every shard's gradient, all at once, over the reverse routes,
   apply   on each server, first come first served: the workload's optimizer over the shard
           (compute.optimizer_seconds: model-state bytes at compute.optimizer_GBps, as DDP's
@@ -81,7 +83,7 @@ from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import cores, psnet
-from perfmodel.sim.compute import StepNoise, optimizer_seconds, unit_times
+from perfmodel.sim.compute import StepNoise, optimizer_seconds, ps_worker_seconds
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
 from perfmodel.sim.records import (
     CommRecord,
@@ -290,7 +292,7 @@ class _PSRun:
         self.link_free = [0.0] * len(self.layout.pool_bandwidth_Bps)
         self.server_names = [f"server{s.index}" for s in self.servers]
         self.service = service          # None: every transfer and apply takes its mean
-        nominal = unit_times(cluster, wl, scenario.batch_size, optimizer_param_fraction=0).step_s
+        nominal = ps_worker_seconds(cluster, wl, scenario.batch_size)
         # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
         # stretch, per-node transfer stretch) from the previous round of the fixed point,
         # and the spans it measures
