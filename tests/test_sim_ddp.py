@@ -20,7 +20,7 @@ from perfmodel.cluster import load_cluster
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allreduce_s
 from perfmodel.sim.compute import unit_times
-from perfmodel.sim.ddp import DDP, contended_s, gradient_buckets
+from perfmodel.sim.ddp import DDP, gradient_buckets
 from perfmodel.sim.scenario import Scenario
 
 MiB = 2**20
@@ -297,36 +297,3 @@ def test_the_overlap_slowdown_lasts_as_long_as_the_collectives_not_the_straggler
     extra = {w: slow[w] - fast[w] for w in (0, 1)}
     assert extra[0] > 0
     assert extra[1] == pytest.approx(extra[0], rel=1e-9)
-
-
-def test_contended_communication_runs_slower_only_while_the_compute_runs():
-    # processor sharing: rate 1/s until the backward ends, full rate after
-    assert contended_s(0.0, 1.0, 10.0, 2.0) == pytest.approx(2.0, rel=REL)
-    assert contended_s(0.0, 1.0, 1.0, 2.0) == pytest.approx(1.5, rel=REL)  # half done by 1
-    assert contended_s(3.0, 1.0, 2.0, 2.0) == 1.0          # starts after the backward
-    assert contended_s(0.0, 1.0, 10.0, 1.0) == 1.0         # nothing shares
-
-
-def test_on_a_cpu_host_all_reduces_overlapping_backward_share_its_cores():
-    # gloo's threads and the backward share the cores: an all-reduce issued during backward
-    # is slowed as the backward is (compute.overlap_slowdown); not on a GPU, not in a timed
-    # wait (the compute sleeps), and not for the last bucket, issued after the backward
-    local = load_cluster("local")
-    assert local.compute.overlap_slowdown == 1.0
-    slowed = dataclasses.replace(local, compute=dataclasses.replace(local.compute,
-                                                                    overlap_slowdown=2.0))
-    wl = make_workload(units=8, params_per_unit=500_000)
-    many = DDP(DDP.Options(bucket_cap_MiB=1.0, first_bucket_MiB=1.0))
-
-    def seconds(cluster):      # the all-reduces of the last step, in order
-        result = many.simulate(scenario(cluster, wl, 2))
-        last = [c for c in result.comms][-len(result.comms) // 4:]
-        return np.array([c.end_s - c.start_s for c in last])
-
-    gpu_like = dataclasses.replace(slowed, comm_cpu_cores_per_node=0)
-    waited = dataclasses.replace(slowed, compute_occupies_cores=False)
-    assert DDP.comm_contention(slowed) == 2.0
-    assert DDP.comm_contention(gpu_like) == DDP.comm_contention(waited) == 1.0
-    ratio = seconds(slowed) / seconds(local)             # local: overlap slowdown 1
-    assert ratio[0] == pytest.approx(2.0, rel=1e-9)      # early in backward: shared throughout
-    assert ratio[-1] == pytest.approx(1.0, rel=1e-9)     # issued after backward: alone

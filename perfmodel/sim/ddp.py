@@ -8,10 +8,7 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   than the cap fills several buckets, each ready part-way through that unit;
 - a bucket's all-reduce starts when the bucket is ready on ALL ranks and the previous bucket's
   all-reduce is done (one communication stream: a `SharedLink`), overlapping the rest of
-  backward; the optimizer step runs after the last all-reduce, the next step after that.
-  On a CPU host with CPU-driven collectives (gloo) an all-reduce that overlaps backward
-  shares the cores with it and runs compute.overlap_slowdown times slower until the
-  backward ends (`comm_contention`, `contended_s`), as the backward does beside it;
+  backward; the optimizer step runs after the last all-reduce, the next step after that;
 - the reducer's own memory-bound passes over the gradients (`reducer.cpp`, with the default
   gradient_as_bucket_view=False that perfmodel/memory.py assumes too), each a read and a write
   of the bucket's bytes at `compute.optimizer_GBps`: as a gradient is computed it is copied
@@ -121,17 +118,6 @@ def gradient_buckets(workload: Workload, backward_s: np.ndarray, bucket_cap_MiB:
     return buckets
 
 
-def contended_s(start_s: float, seconds: float, until_s: float, slowdown: float) -> float:
-    """How long `seconds` of communication take from `start_s` when it runs `slowdown` times
-    slower until `until_s` (processor sharing with the compute), at full speed after."""
-    if slowdown <= 1.0 or start_s >= until_s:
-        return seconds
-    shared = until_s - start_s
-    if seconds * slowdown <= shared:
-        return seconds * slowdown
-    return shared + seconds - shared / slowdown
-
-
 def link_name(scenario: Scenario) -> str:
     return "inter_node" if scenario.cluster.nodes_for(scenario.workers) > 1 else "intra_node"
 
@@ -216,17 +202,6 @@ class DDP:
         cluster = scenario.cluster
         return cluster.ranks_busy(min(scenario.workers, cluster.devices_per_node))
 
-    @staticmethod
-    def comm_contention(cluster) -> float:
-        """How much slower an all-reduce runs while its ranks still compute: on a CPU host
-        whose collectives are CPU work (gloo; comm_cpu_cores_per_node > 0) the gloo threads
-        and the backward share the cores, and processor sharing slows both alike, so the
-        calibrated compute.overlap_slowdown; 1 on GPUs (NCCL's kernels slow the compute,
-        modelled on that side) and in a timed wait (the compute sleeps)."""
-        if cluster.comm_cpu_cores_per_node and cluster.compute_occupies_cores:
-            return cluster.compute.overlap_slowdown
-        return 1.0
-
     def host_passes(self, scenario: Scenario, buckets: list[Bucket]) -> HostPasses:
         """The reducer's passes over the gradients (none with one worker: no reducer here).
         On a CPU host all ranks of a node make them at once and share its cores; in a timed
@@ -298,15 +273,12 @@ class DDP:
         steps: list[StepRecord] = []
         updates: list[UpdateRecord] = []
 
-        contention = self.comm_contention(cluster)
-
-        def reducer(issue: np.ndarray, computing_until: float):
+        def reducer(issue: np.ndarray):
             """The communication stream: all-reduce each bucket once every rank has it."""
             for b in range(len(buckets)):
                 if issue[b] > env.now:
                     yield env.timeout(issue[b] - env.now)
-                seconds = contended_s(env.now, durations[b], computing_until, contention)
-                yield from link.transfer("all-reduce", -1, wire_bytes[b], seconds)
+                yield from link.transfer("all-reduce", -1, wire_bytes[b], durations[b])
             return env.now
 
         def training():
@@ -323,8 +295,7 @@ class DDP:
                     # bucket b is ready the same share of the way through each worker's passes
                     ready = start + np.outer(ready_s, passes / (forward_s + backward_s)) \
                         + host_ready_s
-                    comm_end = yield env.process(reducer(ready.max(axis=1),
-                                                         float(backward_end.max())))
+                    comm_end = yield env.process(reducer(ready.max(axis=1)))
                     # counterfactual: the same chain if every rank had this worker's times
                     alone_comm_end = (ready + rest_s[:, None]).max(axis=0)
                 optimizer = times.optimizer_s * slow
