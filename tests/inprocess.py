@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
 
 from perfmodel.cli import main
@@ -29,3 +30,11 @@ def run_cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, st
         os.environ.clear()
         os.environ.update(old_env)
     return code, out.getvalue(), err.getvalue()
+
+
+def as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a test suite started as a background job (`cmd &`
+    in a non-interactive shell) runs with SIGINT ignored, which its children inherit, and
+    Python then never raises KeyboardInterrupt (seen 2026-12-04: both Ctrl-C tests hung
+    under `nohup bash .ci/run &` and passed in the foreground)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -28,7 +28,7 @@ from measure import session
 from measure.launch import live_processes, write_journal
 from measure.store import Store
 from perfmodel.commands.progress import RunsProgress
-from tests.inprocess import run_cli
+from tests.inprocess import as_in_a_terminal, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 UP_S = 120                  # torch import and gloo init on loaded cores
@@ -72,7 +72,8 @@ def start_launcher(root: Path) -> subprocess.Popen:
     (root / "tmp").mkdir()
     return subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps(hang_config()),
                              str(root), str(REPO)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(root / "tmp")})
+                            env={**os.environ, "TMPDIR": str(root / "tmp")},
+                            preexec_fn=as_in_a_terminal)
 
 
 def wait_until_up(root: Path, proc: subprocess.Popen, record: str = "start") -> Path:

@@ -27,6 +27,7 @@ from measure.launch import (
 from measure.store import Store
 from perfmodel.cli import cli
 from perfmodel.errors import PerfmodelError
+from tests.inprocess import as_in_a_terminal
 
 REPO = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("collectives", "compute", "ddp", "fsdp", "ps")
@@ -196,7 +197,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_is_stored_failed(tmp_path):
         print(json.dumps({{"run_dir": str(r.run_dir), "status": r.status,
                           "reason": r.reason, "interrupted": r.interrupted}}))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:            # wait until both ranks have started
         files = list(tmp_path.glob("*/rank*.jsonl"))
