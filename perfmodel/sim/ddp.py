@@ -23,7 +23,7 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   timer sees them). On a CPU host every rank of a node makes these passes at once, so they
   are stretched by `cluster.compute_share(ranks per node)`; in a timed wait only the stretch
   is left, since the harness pays their CPU time back from the sleeps
-  (`cores.own_work_factor`).
+  (`cores.own_work_s_per_byte`).
 
 One SimPy process drives all workers at once: per-worker clocks are numpy arrays (workers run
 independently between collectives; a collective starts at the latest rank's ready time), and
@@ -50,7 +50,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
 from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
-from perfmodel.sim.cores import own_work_factor, ranks_note
+from perfmodel.sim.cores import own_work_s_per_byte, ranks_note
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -205,15 +205,14 @@ class DDP:
     def host_passes(self, scenario: Scenario, buckets: list[Bucket]) -> HostPasses:
         """The reducer's passes over the gradients (none with one worker: no reducer here).
         On a CPU host all ranks of a node make them at once and share its cores; in a timed
-        wait only that sharing is left (cores.own_work_factor)."""
+        wait only that sharing is left (cores.own_work_s_per_byte)."""
         cluster, wl = scenario.cluster, scenario.workload
         nbytes = np.array([b.nbytes for b in buckets])
         if scenario.workers < 2 or not buckets:
             zeros = np.zeros(len(buckets))
             return HostPasses(np.zeros(len(wl.units)), zeros, zeros, 0.0)
         ranks = min(scenario.workers, cluster.devices_per_node)
-        per_byte = own_work_factor(cluster, ranks, wl.name) / (
-            cluster.compute.optimizer_GBps * 1e9)
+        per_byte = own_work_s_per_byte(cluster, ranks, wl.name)
         grads = np.array([u.params * wl.precision_spec.grad_bytes for u in wl.units])
         hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
         bf16 = self.options.grad_compression == "bf16"

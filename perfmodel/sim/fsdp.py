@@ -22,7 +22,7 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   rate counting each byte of state once, read and written), stretched by core sharing like
   the passes (`copy_seconds`), every rank of the node copying at once; in a timed wait the
   harness pays their CPU time back from the sleeps, leaving the stretch
-  (`cores.own_work_factor`). A full-shard step copies
+  (`cores.own_work_s_per_byte`). A full-shard step copies
   4.5x the parameter bytes at 2 ranks (3.4x at 8): mlp's 12.9 MB at 2 ranks 3.4 ms at this
   CPU host's calibrated 17 GB/s; bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
 Traffic per rank is 3Ψ(N−1)/N for full-shard and 2Ψ(N−1)/N for grad-op, against DDP's
@@ -56,7 +56,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
-from perfmodel.sim.cores import own_work_factor, ranks_note
+from perfmodel.sim.cores import own_work_s_per_byte, ranks_note
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -110,7 +110,7 @@ def copy_seconds(scenario: Scenario, regather: bool, busy: float) -> tuple[np.nd
     units = len(wl.units)
     if n < 2:
         return np.zeros(units), np.zeros(units)
-    per_byte = own_work_factor(cluster, busy, wl.name) / (cluster.compute.optimizer_GBps * 1e9)
+    per_byte = own_work_s_per_byte(cluster, busy, wl.name)
     shard = 1.0 + 1.0 / n                   # the whole buffer once, the shard once
     gather = np.array([u.params * wl.precision_spec.compute_bytes * shard
                        for u in wl.units]) * per_byte
