@@ -136,7 +136,7 @@ def measure_case(case: Case, device: str, deadline: float,
               "cuda": device.startswith("cuda")}
     for batch in sorted({max(1, case.batch_size // 2), case.batch_size}):
         if time.monotonic() > deadline:
-            out["skipped"].append(f"unit passes at batch {batch}")
+            out["skipped"].append(f"unit passes at batch {batch} (past its deadline)")
             continue
         out["unit_passes"] += _unit_passes(spec, model, batch, device, autocast, timing,
                                            generator)
@@ -156,7 +156,7 @@ def measure_case(case: Case, device: str, deadline: float,
         optimizer.step()
 
     if time.monotonic() > deadline:
-        out["skipped"].append("training steps, optimizer and memory")
+        out["skipped"].append("training steps, optimizer and memory (past its deadline)")
         return out
     out["step"] = _steps(step, timing["cuda"])
     say(f"  {STEPS} training steps: median {out['step']['median_s'] * 1e3:.1f} ms")

@@ -136,3 +136,30 @@ def test_the_whole_check_runs_on_cpu(tmp_path):
     assert (tmp_path / "report.md").is_file() and (tmp_path / "local-gpu-check.toml").is_file()
     (case,) = results["cases"]
     assert case["measured"]["step_s"] > 0 and case["measured"]["allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, monkeypatch):
+    """One case raising (a CUDA OOM, a missing kernel) must not lose the cases measured
+    before or after it: each is saved to measured.json as it finishes, and the report
+    names the failure."""
+    pytest.importorskip("torch")
+    from measure import gpu_check as gm
+
+    real = gm.measure_case
+
+    def flaky(case, *args, **kwargs):
+        if case.precision == "tf32":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
+        return real(case, *args, **kwargs)
+
+    monkeypatch.setattr(gm, "measure_case", flaky)
+    results = gc.run_check(tmp_path, workloads=("mlp",), precisions=("tf32", "fp32"),
+                           budget_s=60, device="cpu", say=lambda _: None)
+    failed, kept = results["cases"]
+    assert "measured" not in failed and "failed: RuntimeError: CUDA out of memory" in (
+        failed["skipped"][0])
+    assert kept["measured"]["step_s"] > 0
+    saved = json.loads((tmp_path / "measured.json").read_text())
+    assert [c["precision"] for c in saved] == ["tf32", "fp32"]
+    assert "CUDA out of memory" in (tmp_path / "report.md").read_text()

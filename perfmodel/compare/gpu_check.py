@@ -180,13 +180,18 @@ def run_check(out: Path, *, workloads: Sequence[str] = DEFAULT_WORKLOADS,
                 + f" (by {deadline - start:.0f} s)")
             case = gm.Case(workload=c["workload"], precision=c["precision"],
                            batch_size=c["batch_size"], blocks=c["blocks"])
-            record = gm.measure_case(case, device, deadline, say)
+            try:
+                record = gm.measure_case(case, device, deadline, say)
+            except Exception as e:      # an OOM or a missing kernel loses one case, not all
+                why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+                say(f"  failed: {why}")
+                record = {"workload": c["workload"], "precision": c["precision"],
+                          "batch_size": c["batch_size"], "blocks": c["blocks"],
+                          "unit_passes": [], "skipped": [f"the whole case (failed: {why})"]}
             measured.append({**record, "notes": c["notes"]})
+            _save(out / "measured.json", json.dumps(measured, indent=1) + "\n")
     finally:
         gm.close()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "measured.json").write_text(json.dumps(measured, indent=1) + "\n",
-                                       encoding="utf-8")
     say(f"calibrating on {sum(len(c['unit_passes']) for c in measured)} unit passes")
     results, fit = compare(measured, base, device=info, budget_s=budget_s,
                            elapsed_s=time.monotonic() - start)
@@ -197,6 +202,15 @@ def run_check(out: Path, *, workloads: Sequence[str] = DEFAULT_WORKLOADS,
     write_report(results, out)
     say(f"wrote {out}/report.md ({time.monotonic() - start:.0f} s)")
     return results
+
+
+def _save(path: Path, text: str) -> None:
+    """Write `text` whole (a temporary file renamed over `path`): after every case, so a
+    crash or a Ctrl-C keeps the cases measured so far."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def _base_profile(device: str) -> str:

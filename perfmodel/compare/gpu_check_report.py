@@ -125,7 +125,7 @@ def _calibration_lines(fit: dict[str, Any]) -> list[str]:
 
 def _notes(cases: list[dict[str, Any]]) -> list[str]:
     notes = [f"- {_case_name(c)}: {'; '.join(c.get('notes') or [])}"
-             + (f"; skipped at its deadline: {', '.join(c['skipped'])}" if c.get("skipped")
+             + (f"; skipped: {', '.join(c['skipped'])}" if c.get("skipped")
                 else "")
              for c in cases if c.get("notes") or c.get("skipped")]
     return ["", "## Cuts and skips", "", *notes] if notes else []
