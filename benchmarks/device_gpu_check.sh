@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a lent device machine (one GPU; docs/gpu-check.md says what it
-# measures). From a session with the device tool, in the repository root:
+# The prepared GPU checks for a lent device machine (one GPU; docs/gpu-check.md says what
+# gpu-check measures). From a session with the device tool, in the repository root:
 #   echo /.whl/ >> .git/info/exclude
 #   python -m pip download --no-deps --only-binary=:all: -d .whl simpy==4.1.1
 #   run(command="bash benchmarks/device_gpu_check.sh", carry=[".whl"], timeout_s=600)
+#   run(command="RUN=transfer bash benchmarks/device_gpu_check.sh", carry=[".whl"], ...)
+# RUN=check (default): `perfmodel gpu-check` at its defaults (reports/gpu-check-2026-12-04).
+# RUN=transfer: the cases perfmodel/data/heldout/gpu_check_h200.toml declares (other
+# batches, fp32), measured for a held-out check of an earlier run's calibrated profile.
+# Both end with the GPU tests (tests/test_gpu.py) but the check's own.
 # The machine's image has torch (CUDA), numpy, scipy, click, matplotlib, pytest and
 # hypothesis but not simpy, which travels as a wheel. Writes under $OUT: env.txt, the
-# check's log and its report folder gc/ (report.md, results.json, measured.json, the
-# calibrated profile), and the GPU tests' tail.
+# logs, and the report folders (gc/ for RUN=check; transfer.tar.gz for RUN=transfer).
 set -u
-BUDGET=${BUDGET:-300}
+RUN=${RUN:-check}
 OUT=${OUT:-/tmp/gpu-check-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -21,8 +25,24 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 XDG_DATA_HOME=/tmp/xdg
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 torch.cuda.get_device_name(0), 'nccl', torch.cuda.nccl.version())"
 } 2>&1 | tee "$OUT/env.txt"
-timeout $((BUDGET + 150)) python3 -m perfmodel gpu-check --cluster h200 --budget-s "$BUDGET" \
-    --out "$OUT/gc" 2>&1 | tee "$OUT/gpu-check.log"
-echo "gpu-check exit ${PIPESTATUS[0]}"
+
+check() {   # check NAME BUDGET_S ARGS...: one gpu-check into $OUT/NAME
+    local name=$1 budget=$2
+    shift 2
+    timeout $((budget + 150)) python3 -m perfmodel gpu-check --cluster h200 \
+        --budget-s "$budget" --out "$OUT/$name" "$@" 2>&1 | tee -a "$OUT/gpu-check.log"
+    echo "gpu-check $name exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu-check.log"
+}
+
+if [ "$RUN" = transfer ]; then
+    check resnet50-b128 100 --workloads resnet50 --batch-size 128
+    check bert-large-b16 100 --workloads bert-large --batch-size 16
+    check gpt2-xl-b8 120 --workloads gpt2-xl --batch-size 8 --blocks 8
+    check fp32 150 --workloads resnet50,bert-large,gpt2-xl --precisions fp32
+    tar -C "$OUT" -czf "$OUT/transfer.tar.gz" resnet50-b128 bert-large-b16 gpt2-xl-b8 fp32
+    rm -rf "${OUT:?}"/resnet50-b128 "$OUT"/bert-large-b16 "$OUT"/gpt2-xl-b8 "$OUT"/fp32
+else
+    check gc "${BUDGET:-300}"
+fi
 timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py -k "not gpu_check" \
     2>&1 | tail -20 | tee "$OUT/pytest-gpu.log"

@@ -163,3 +163,19 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "measured.json").read_text())
     assert [c["precision"] for c in saved] == ["tf32", "fp32"]
     assert "CUDA out of memory" in (tmp_path / "report.md").read_text()
+
+
+def test_a_measured_base_profile_is_not_called_spec(tmp_path, monkeypatch):
+    """Checking an earlier run's calibrated profile on new measurements (a held-out transfer
+    check) labels it as the base profile with its provenance, never as spec-derived."""
+    from calibration.gpu_check import fit_gpu, profile_text
+
+    fit = fit_gpu(load_cluster("local"), json.loads(FIXTURE.read_text()))
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "local-gpu-check.toml").write_text(profile_text("local", fit, "run 1 of a test"))
+    monkeypatch.setenv("PERFMODEL_PROFILES", str(profiles))
+    gc.rebuild(FIXTURE, tmp_path / "out", "local-gpu-check")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Base profile: `local-gpu-check` (run 1 of a test)" in text and "| base ms |" in text
+    assert "spec" not in text.split("## Calibration")[0].lower().replace("spec-", "")

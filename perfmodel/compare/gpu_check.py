@@ -122,6 +122,8 @@ def compare(measured: Sequence[dict[str, Any]], base: ClusterProfile, *,
         rows.append(row)
     return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device, "base_profile": base.name,
+            "base_label": "spec" if base.provenance.source == "spec" else "base",
+            "base_note": "" if base.provenance.source == "spec" else base.provenance.note,
             "calibrated_profile": fit.profile.name,
             "budget_s": budget_s, "elapsed_s": elapsed_s, "loadavg": list(os.getloadavg()),
             "fit": {"e_max": fit.e_max, "flops_half": 10 ** fit.log_flops_half,
