@@ -34,6 +34,26 @@ check() {   # check NAME BUDGET_S ARGS...: one gpu-check into $OUT/NAME
     echo "gpu-check $name exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu-check.log"
 }
 
+# Independent ground truth for compute.launch_us_per_kernel: eager PyTorch's cost per op
+# when the GPU is not the bottleneck (a tiny in-place add, and a tiny Linear with and without
+# autocast), median of 5 loops of 2000 ops, synchronised once per loop.
+python3 - <<'PY' 2>&1 | tee "$OUT/dispatch.txt"
+import statistics, time, torch
+x = torch.zeros(16, device="cuda"); lin = torch.nn.Linear(16, 16).cuda(); a = torch.zeros(4, 16, device="cuda")
+def per_op_us(fn, n=2000):
+    out = []
+    for _ in range(6):
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        for _ in range(n): fn()
+        torch.cuda.synchronize(); out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out[1:])
+print(f"add_ {per_op_us(lambda: x.add_(1)):.2f} us/op")
+print(f"linear fp32 {per_op_us(lambda: lin(a)):.2f} us/call")
+def bf16():
+    with torch.autocast("cuda", dtype=torch.bfloat16): lin(a)
+print(f"linear autocast bf16 {per_op_us(bf16):.2f} us/call")
+PY
+
 if [ "$RUN" = transfer ]; then
     check resnet50-b128 100 --workloads resnet50 --batch-size 128
     check bert-large-b16 100 --workloads bert-large --batch-size 16
