@@ -8,7 +8,8 @@
 # RUN=check (default): `perfmodel gpu-check` at its defaults (reports/gpu-check-2026-12-04).
 # RUN=transfer: the cases perfmodel/data/heldout/gpu_check_h200.toml declares (other
 # batches, fp32), measured for a held-out check of an earlier run's calibrated profile.
-# Both end with the GPU tests (tests/test_gpu.py) but the check's own.
+# RUN=heldout3: perfmodel/data/heldout/gpu_check_h200_run3.toml's cases (no GPU tests).
+# RUN=check and RUN=transfer end with the GPU tests (tests/test_gpu.py) but the check's own.
 # The machine's image has torch (CUDA), numpy, scipy, click, matplotlib, pytest and
 # hypothesis but not simpy, which travels as a wheel. Writes under $OUT: env.txt, the
 # logs, and the report folders (gc/ for RUN=check; transfer.tar.gz for RUN=transfer).
@@ -61,6 +62,13 @@ if [ "$RUN" = transfer ]; then
     check fp32 150 --workloads resnet50,bert-large,gpt2-xl --precisions fp32
     tar -C "$OUT" -czf "$OUT/transfer.tar.gz" resnet50-b128 bert-large-b16 gpt2-xl-b8 fp32
     rm -rf "${OUT:?}"/resnet50-b128 "$OUT"/bert-large-b16 "$OUT"/gpt2-xl-b8 "$OUT"/fp32
+elif [ "$RUN" = heldout3 ]; then
+    check resnet50-b256 90 --workloads resnet50 --batch-size 256 --precisions fp32,tf32,bf16-mixed
+    check bert-large-b32 90 --workloads bert-large --batch-size 32 --precisions fp32,tf32,bf16-mixed
+    check gpt2-xl-b16 90 --workloads gpt2-xl --batch-size 16 --blocks 8 --precisions fp32,tf32,bf16-mixed
+    tar -C "$OUT" -czf "$OUT/heldout3.tar.gz" resnet50-b256 bert-large-b32 gpt2-xl-b16
+    rm -rf "${OUT:?}"/resnet50-b256 "$OUT"/bert-large-b32 "$OUT"/gpt2-xl-b16
+    exit 0
 else
     check gc "${BUDGET:-300}"
 fi

@@ -101,6 +101,21 @@ class WorkloadCompute:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PrecisionCompute:
+    """A GPU's matmul efficiency curve and per-kernel cost fitted for one training precision
+    (`perfmodel gpu-check`, calibration/gpu_check.py): they differ by precision. Seen on one
+    H200 (2026-12-04, reports/gpu-check-2026-12-04): big matmul units reached about 0.6 of
+    the fp32 peak but 0.2-0.4 of the TF32 and BF16 peaks, and eager PyTorch spent 21 us per
+    small Linear call, 67 us under bf16 autocast (its casts are kernels and dispatches too).
+    Keyed by the workload's precision name (fp32, tf32, bf16-mixed, ...): autocast's cost
+    belongs to bf16-mixed, not to pure bf16."""
+
+    precision: str
+    efficiency_by_flops: tuple[tuple[float, float], ...]
+    launch_us_per_kernel: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Compute:
     """Achieved compute, a roofline per unit pass and op class (perfmodel/sim/compute.py):
     overhead + kernels x launch + matmul FLOPs / (peak x efficiency(FLOPs))
@@ -129,9 +144,25 @@ class Compute:
     # The two above fitted per workload where calibration timed that workload's whole steps
     # (profile [compute.by_workload.<name>]); the fields above hold for every other workload.
     by_workload: tuple[WorkloadCompute, ...] = ()
+    # The matmul curve and kernel cost fitted per precision where a GPU check measured that
+    # precision (profile [compute.by_precision.<precision>]); the fields above hold for
+    # every other precision.
+    by_precision: tuple[PrecisionCompute, ...] = ()
 
-    def efficiency(self, flops: float) -> float:
-        return interpolate_log(self.efficiency_by_flops, max(flops, 1.0))
+    def _precision(self, precision: str | None) -> PrecisionCompute | None:
+        return next((p for p in self.by_precision if p.precision == precision), None)
+
+    def efficiency(self, flops: float, precision: str | None = None) -> float:
+        """Achieved fraction of the peak for a pass of `flops` matmul FLOPs (the curve of
+        `precision` where fitted, else the profile's)."""
+        own = self._precision(precision)
+        curve = self.efficiency_by_flops if own is None else own.efficiency_by_flops
+        return interpolate_log(curve, max(flops, 1.0))
+
+    def launch_us(self, precision: str | None = None) -> float:
+        """Microseconds per kernel a unit launches (`precision`'s own where fitted)."""
+        own = self._precision(precision)
+        return self.launch_us_per_kernel if own is None else own.launch_us_per_kernel
 
     def _own(self, workload: str | None) -> WorkloadCompute | None:
         return next((w for w in self.by_workload if w.workload == workload), None)
@@ -372,6 +403,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             core_contention=comp.number("core_contention", 0.0),
             whole_step_factor=comp.number("whole_step_factor", 1.0, positive=True),
             by_workload=_by_workload(comp),
+            by_precision=_by_precision(comp),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
                       **_server_update(srv)),
@@ -389,6 +421,26 @@ def _by_workload(comp: Fields) -> tuple[WorkloadCompute, ...]:
                                  whole_step_factor=table.table(name).number(
                                      "whole_step_factor", positive=True),
                                  core_contention=table.table(name).number("core_contention"))
+                 for name in sorted(table.data))
+
+
+def _by_precision(comp: Fields) -> tuple[PrecisionCompute, ...]:
+    """[compute.by_precision.<precision>] tables: each measured precision's own matmul
+    curve and kernel cost."""
+    from perfmodel.workload import PRECISIONS  # workload.py imports this module
+
+    if not comp.has("by_precision"):
+        return ()
+    table = comp.table("by_precision")
+    for name in table.data:
+        if name not in PRECISIONS:
+            raise PerfmodelError(f"{table._where(name)}: unknown precision '{name}'; choose "
+                                 f"from {', '.join(PRECISIONS)}")
+    return tuple(PrecisionCompute(precision=name,
+                                  efficiency_by_flops=table.table(name).curve(
+                                      "efficiency_by_flops"),
+                                  launch_us_per_kernel=table.table(name).number(
+                                      "launch_us_per_kernel"))
                  for name in sorted(table.data))
 
 

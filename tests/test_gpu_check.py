@@ -16,6 +16,7 @@ import pytest
 from perfmodel.cluster import load_cluster, parse_profile
 from perfmodel.compare import gpu_check as gc
 from perfmodel.compare.gpu_check_report import error, summary
+from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import load_toml
 from tests.inprocess import run_cli
 
@@ -179,3 +180,67 @@ def test_a_measured_base_profile_is_not_called_spec(tmp_path, monkeypatch):
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Base profile: `local-gpu-check` (run 1 of a test)" in text and "| base ms |" in text
     assert "spec" not in text.split("## Calibration")[0].lower().replace("spec-", "")
+
+
+def _synthetic_cases(truth, precisions=("tf32", "bf16-mixed")):
+    """Unit passes of resnet50 and a 2-block bert-large timed exactly by `truth`'s model."""
+    from calibration.gpu_check import cut_workload, predicted_passes
+
+    cases = []
+    for name, batch, blocks in (("resnet50", 32, None), ("bert-large", 4, 2)):
+        for precision in precisions:
+            w = cut_workload(name, precision, blocks)
+            passes = [{"unit": u.name, "phase": phase, "batch_size": b}
+                      for b in (batch // 2, batch) for u in w.units
+                      for phase in ("forward", "backward")]
+            for p, s in zip(passes, predicted_passes(truth, w, passes), strict=True):
+                p["median_s"] = float(s)
+            cases.append({"workload": name, "precision": precision, "batch_size": batch,
+                          "blocks": blocks, "unit_passes": passes})
+    return cases
+
+
+def test_each_precision_gets_its_own_curve_and_kernel_cost_back():
+    """Passes timed by a profile whose TF32 and autocast-BF16 differ (as they did on an
+    H200) give those per-precision parameters back: the model family holds the truth and
+    the data are noise-free, so the only error is the profile's 4-decimal curve."""
+    from calibration.gpu_check import fit_gpu, with_compute
+
+    base = load_cluster("h200")
+    truth = with_compute(base, (0.5, 9.0, 0.45, 10.0),
+                         {"tf32": (0.35, 14.0), "bf16-mixed": (0.22, 24.0)})
+    fit = fit_gpu(base, _synthetic_cases(truth))
+    assert fit.by_precision["tf32"] == pytest.approx((0.35, 14.0), rel=0.01)
+    assert fit.by_precision["bf16-mixed"] == pytest.approx((0.22, 24.0), rel=0.01)
+    assert fit.memory_efficiency == pytest.approx(0.45, rel=0.01)
+    assert max(abs(r) for r in fit.unit_pass_rel) < 0.01
+    # and the written profile carries them: a bf16-mixed pass is the bf16-mixed fit's
+    profile = fit.profile.compute
+    assert profile.launch_us("bf16-mixed") == pytest.approx(24.0, rel=0.01)
+    assert profile.launch_us("fp16-mixed") == profile.launch_us_per_kernel    # not measured
+
+
+def test_by_precision_round_trips_through_the_profile_file(tmp_path):
+    from calibration.gpu_check import fit_gpu, profile_text, with_compute
+
+    base = load_cluster("h200")
+    truth = with_compute(base, (0.5, 9.0, 0.45, 10.0),
+                         {"tf32": (0.35, 14.0), "bf16-mixed": (0.22, 24.0)})
+    fit = fit_gpu(base, _synthetic_cases(truth))
+    path = tmp_path / f"{fit.profile.name}.toml"
+    path.write_text(profile_text("h200", fit, "test"))
+    loaded = parse_profile(load_toml(path), path).compute
+    for p in ("tf32", "bf16-mixed", "fp32"):
+        assert loaded.launch_us(p) == pytest.approx(fit.profile.compute.launch_us(p), rel=1e-3)
+        assert loaded.efficiency(1e10, p) == pytest.approx(
+            fit.profile.compute.efficiency(1e10, p), rel=1e-3)
+
+
+def test_an_unknown_precision_in_a_profile_is_refused(tmp_path):
+    text = (Path(load_cluster("h200").path).read_text()
+            + '\n[compute.by_precision.int3]\nefficiency_by_flops = [[1e9, 0.5]]\n'
+              'launch_us_per_kernel = 5.0\n')
+    path = tmp_path / "h200.toml"
+    path.write_text(text)
+    with pytest.raises(PerfmodelError, match="unknown precision 'int3'"):
+        parse_profile(load_toml(path), path)

@@ -130,6 +130,8 @@ def compare(measured: Sequence[dict[str, Any]], base: ClusterProfile, *,
                     "memory_efficiency": fit.memory_efficiency,
                     "launch_us_per_kernel": fit.launch_us_per_kernel,
                     "optimizer_GBps": fit.optimizer_GBps,
+                    "by_precision": {k: {"e_max": e, "launch_us_per_kernel": u}
+                                     for k, (e, u) in fit.by_precision.items()},
                     "unit_passes": len(fit.unit_pass_rel),
                     "unit_pass_rel_calibrated": list(fit.unit_pass_rel),
                     "unit_pass_rel_spec": spec_rel,
@@ -225,7 +227,8 @@ def _base_profile(device: str) -> str:
 
 
 def rebuild(measured_path: Path, out: Path, cluster: str) -> dict[str, Any]:
-    """The report again from a saved measured.json (no GPU needed)."""
+    """The report and the calibrated profile again from a saved measured.json (no GPU
+    needed)."""
     import json
 
     from perfmodel.compare.gpu_check_report import write_report
@@ -235,8 +238,12 @@ def rebuild(measured_path: Path, out: Path, cluster: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise PerfmodelError(f"cannot read gpu-check measurements {measured_path}: {e}") from e
     base = load_cluster(cluster)
-    results, _ = compare(measured, base, device={"name": "(from measured.json)"},
-                         budget_s=0.0, elapsed_s=0.0)
+    results, fit = compare(measured, base, device={"name": "(from measured.json)"},
+                           budget_s=0.0, elapsed_s=0.0)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{fit.profile.name}.toml").write_text(profile_text(
+        base.name, fit, f"perfmodel gpu-check --from-measured {measured_path}, "
+        f"{results['date']}"), encoding="utf-8")
     write_report(results, out)
     return results
 

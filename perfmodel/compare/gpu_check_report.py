@@ -110,12 +110,14 @@ def _calibration_lines(fit: dict[str, Any], base: str = "spec") -> list[str]:
     return [
         "", "## Calibration (fitted on unit passes and optimizer steps)", "",
         f"| parameter | {base} | calibrated |", "|---|---|---|",
-        f"| matmul efficiency e_max x F / (F + F_half) | (profile curve) | "
+        f"| matmul efficiency e_max x F / (F + F_half), default | (profile curve) | "
         f"{fit['e_max']:.3f}, F_half {fit['flops_half']:.3g} FLOPs |",
         f"| compute.memory_efficiency | {spec['memory_efficiency']:.3f} | "
         f"{fit['memory_efficiency']:.3f} |",
         f"| compute.launch_us_per_kernel | {spec['launch_us_per_kernel']:.2f} | "
         f"{fit['launch_us_per_kernel']:.2f} |",
+        *[f"| {p}: own e_max, launch_us_per_kernel | (the profile's) | {v['e_max']:.3f}, "
+          f"{v['launch_us_per_kernel']:.2f} |" for p, v in fit.get("by_precision", {}).items()],
         f"| compute.optimizer_GBps | {spec['optimizer_GBps']:.0f} | "
         + ("not fitted (fewer than 2 cases)" if opt is None else f"{opt:.0f}") + " |",
         "", f"Unit passes ({fit['unit_passes']}): median abs error of the {base} profile "

@@ -37,14 +37,16 @@ class UnitTimes:
 
 
 def pass_seconds(cluster: ClusterProfile, flops: float, precision_key: str,
-                 moved_bytes: float = 0.0, kernels: float = 0.0) -> float:
+                 moved_bytes: float = 0.0, kernels: float = 0.0,
+                 precision: str | None = None) -> float:
     """Seconds for one unit pass of `flops` matmul FLOPs, `moved_bytes` bytes of memory-bound
-    ops and `kernels` kernel launches on one device."""
+    ops and `kernels` kernel launches on one device; `precision` (the workload's, e.g.
+    bf16-mixed) picks the profile's own curve and kernel cost where one was fitted."""
     c = cluster.compute
     peak = cluster.device.peak_TFLOPS.get(precision_key, cluster.device.peak_TFLOPS["fp32"])
-    seconds = (c.overhead_us_per_unit + kernels * c.launch_us_per_kernel) * 1e-6
+    seconds = (c.overhead_us_per_unit + kernels * c.launch_us(precision)) * 1e-6
     if flops > 0:
-        seconds += flops / (peak * 1e12 * c.efficiency(flops))
+        seconds += flops / (peak * 1e12 * c.efficiency(flops, precision))
     if moved_bytes > 0 and c.memory_efficiency > 0:
         seconds += moved_bytes / (cluster.device.memory_bandwidth_GBps * 1e9
                                   * c.memory_efficiency)
@@ -82,12 +84,13 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     stretch = {p: whole * (slow if p in overlapped else 1.0) for p in ("forward", "backward")}
     fwd = stretch["forward"] * np.array(
         [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key,
-                      scale * u.forward_bytes_per_sample * batch_size, u.forward_kernels)
+                      scale * u.forward_bytes_per_sample * batch_size, u.forward_kernels,
+                      workload.precision)
          for u in workload.units])
     bwd = stretch["backward"] * np.array(
         [pass_seconds(cluster, ratio * u.forward_flops_per_sample * batch_size, key,
                       bytes_ratio * scale * u.forward_bytes_per_sample * batch_size,
-                      2 * u.forward_kernels)
+                      2 * u.forward_kernels, workload.precision)
          for u in workload.units])
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
