@@ -244,3 +244,24 @@ def test_an_unknown_precision_in_a_profile_is_refused(tmp_path):
     path.write_text(text)
     with pytest.raises(PerfmodelError, match="unknown precision 'int3'"):
         parse_profile(load_toml(path), path)
+
+
+REPORTS = Path(__file__).parent.parent / "reports"
+
+
+@pytest.mark.parametrize("profile, median, worst", [
+    ("h200-gpu-check", 0.088, 0.329),     # the frozen runs-1+2 profile (the check)
+    ("h200", 0.184, 0.510),               # the spec profile beside it
+])
+def test_h200_held_out_figures_are_the_ones_published(tmp_path, monkeypatch, profile, median,
+                                                      worst):
+    """README and docs/gpu-check.md quote run 3's held-out step errors; rebuilt from the
+    recorded measurements with the frozen profile they must still be those figures (a
+    model change that moves them must re-state them)."""
+    monkeypatch.setenv("PERFMODEL_PROFILES", str(REPORTS / "gpu-check-2026-12-04-fitset"))
+    results = gc.rebuild(REPORTS / "gpu-check-2026-12-04-heldout3" / "measured.json",
+                         tmp_path, profile)
+    s = summary(results)["spec_step"]
+    assert s["cases"] == 8
+    assert s["median_abs"] == pytest.approx(median, abs=0.0005)
+    assert s["max_abs"] == pytest.approx(worst, abs=0.0005)
