@@ -43,9 +43,10 @@ def test_sharded_ops_round_to_whole_elements_per_rank():
 
 
 def test_ping_pong_time_is_the_mean_and_keeps_the_median_call():
-    # three fast round trips and one with a wake-up: the median is the typical call, one way
-    mean, median = call_times_s([2e-4, 2e-4, 2.2e-4, 4.2e-3], wall_s=4.82e-3, iters=4, legs=2)
-    assert median == 1.05e-4 and mean == 4.82e-3 / 4 / 2
+    # three fast round trips and one with a wake-up: the median is the typical call, one way;
+    # the mean is of the calls, not of the wall time, which holds the untimed gaps too
+    mean, median = call_times_s([2e-4, 2e-4, 2.2e-4, 4.2e-3], wall_s=12.82e-3, iters=4, legs=2)
+    assert median == 1.05e-4 and mean == pytest.approx(4.82e-3 / 4 / 2)
     # ops timed back to back (no per-call times) keep nccl-tests' mean
     assert call_times_s([], wall_s=1e-3, iters=10, legs=1) == (1e-4, 1e-4)
 
@@ -109,6 +110,11 @@ def test_a_two_rank_gloo_sweep_follows_nccl_tests_definitions(tmp_path):
             assert 0 < r["cpu_busy_fraction"] <= (os.cpu_count() or 1)
             # ping-pong's calls are timed one by one: their median is stored beside t
             assert ("time_median_s" in r) == (op in PER_CALL)
+            # ...each after the sender idled the gap, which is not in its time
+            assert ("gap_s" in r) == (op in PER_CALL)
+            if op in PER_CALL and r["bytes"] == sizes[0]:
+                # counted, the gap alone would make the median one-way time >= gap / 2
+                assert r["time_median_s"] < r["gap_s"] / 2
     assert {r["rank"] for r in rows} == {0}
     assert live_processes(result.run_dir) == []
 

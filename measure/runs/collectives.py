@@ -11,7 +11,14 @@ pairs ranks 2k and 2k+1, each sending S bytes to and receiving S bytes from its 
 once. ping-pong pairs them the same way: 2k sends S bytes to 2k+1, which sends them back;
 its t is one way, half the round trip (OSU's osu_latency): the point-to-point message a
 parameter server's push or pull is. Ping-pong times at least PER_CALL_MIN_ITERS calls, each
-on its own: t is their mean, and the median is kept beside it (`time_median_s`). Over gloo
+on its own and each after the sender has idled PING_PONG_GAP_S (untimed), as a PS worker
+computes before its push and a server applies before its reply; t is the mean of the
+sender's call times, and their median is kept beside it (`time_median_s`), with the gap
+(`gap_s`). Why the gap: gloo over loopback, 2 pinned ranks on an idle host (2026-12-04,
+12.3 MiB): back to back 3.8 ms one way, after a 2 ms gap 3.1 ms (1 MiB: 1.43 vs 0.45 ms,
+4 MiB: 1.90 vs 0.98 ms), and a PS-shaped exchange (worker computes 25 ms, pushes, the server
+applies 4 ms and replies) 3.5-3.7 ms: the back-to-back sweep made the calibration's
+1-worker PS round trip 36-71 % too long in every report of 2026-12-04. Over gloo
 on a CPU host a quarter or so of the calls at 64 KB-4 MB take 1-4 ms more (a blocked
 receiver's wake-up; 40 calls a size timed on an idle host: 256 KB median 0.25-0.28 ms, mean
 0.54-0.90), so a mean of ten rose and fell with one or two of them. Fitting the median
@@ -40,6 +47,7 @@ PAIRED = ("send-recv", "ping-pong")
 LEGS = {"ping-pong": 2}                              # messages one timed call sends in turn
 PER_CALL = ("ping-pong",)                            # timed call by call: median kept
 PER_CALL_MIN_ITERS = 40     # 10 calls hold one or two 1-4 ms wake-ups, or none
+PING_PONG_GAP_S = 0.002     # the sender idles this long, untimed, before each ping-pong
 REDUCING = ("all-reduce", "reduce-scatter")          # nccl-tests' redop column: sum
 SHARDED = ("all-gather", "reduce-scatter")           # S must split evenly across ranks
 # Defaults: nccl-tests' usual 8 B .. 256 MiB x2 on GPUs; on CPU (gloo over loopback at about
@@ -122,6 +130,8 @@ def run(ctx) -> None:
             iters = max(s["iters"], PER_CALL_MIN_ITERS) if op in PER_CALL else s["iters"]
             calls = _timed_calls(call, sync, iters, op in PER_CALL)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            if op in PER_CALL and not call.timed:      # the responder: its calls wait out
+                calls = [0.0] * len(calls)               # the sender's gaps; the MAX drops them
             mine = torch.tensor(call_times_s(calls, wall, iters, LEGS.get(op, 1)),
                                 dtype=torch.float64, device=ctx.device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)     # the slowest rank's times
@@ -135,16 +145,19 @@ def run(ctx) -> None:
                                    dtype=s["dtype"], time_s=time_s, algbw_GBps=algbw,
                                    busbw_GBps=algbw * factor, busbw_factor=factor,
                                    cpu_busy_fraction=busy.item() / n,
-                                   **({"time_median_s": median_s} if calls else {}))
+                                   **({"time_median_s": median_s, "gap_s": call.gap_s}
+                                      if calls else {}))
             del call
 
 
 def call_times_s(calls: list[float], wall_s: float, iters: int, legs: int
                  ) -> tuple[float, float]:
-    """(mean, median) of one leg: the median of the per-call times where there are any,
-    else the mean; each divided by the legs a call sends in turn"""
-    mean = wall_s / iters / legs
-    return mean, (statistics.median(calls) / legs if calls else mean)
+    """(mean, median) of one leg, each divided by the legs a call sends in turn: of the
+    per-call times where there are any (the wall time then holds untimed gaps too), else
+    the wall time over the calls, nccl-tests' mean"""
+    if not calls:
+        return wall_s / iters / legs, wall_s / iters / legs
+    return statistics.fmean(calls) / legs, statistics.median(calls) / legs
 
 
 def _timed_calls(call, sync, iters: int, per_call: bool) -> list[float]:
@@ -156,7 +169,10 @@ def _timed_calls(call, sync, iters: int, per_call: bool) -> list[float]:
         sync()
         return []
     times = []
+    gap_s = getattr(call, "gap_s", 0.0) if getattr(call, "timed", True) else 0.0
     for _ in range(iters):
+        if gap_s:
+            time.sleep(gap_s)
         t0 = time.perf_counter()
         call()
         sync()
@@ -197,6 +213,8 @@ def _make_call(op: str, count: int, dtype, device: str, rank: int, n: int, torch
             else:
                 dist.recv(recv, partner)
                 dist.send(send, partner)
+        ping_pong.timed = first             # the sender's call times are the ones kept
+        ping_pong.gap_s = PING_PONG_GAP_S   # it idles this long before each (untimed)
         return ping_pong
 
     def exchange():
