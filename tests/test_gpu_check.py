@@ -265,3 +265,18 @@ def test_h200_held_out_figures_are_the_ones_published(tmp_path, monkeypatch, pro
     assert s["cases"] == 8
     assert s["median_abs"] == pytest.approx(median, abs=0.0005)
     assert s["max_abs"] == pytest.approx(worst, abs=0.0005)
+
+
+def test_deadlines_share_the_budget_by_predicted_step_time():
+    due = gc.deadlines(100.0, 90.0, [0.2, 0.6, 0.2])
+    assert due == pytest.approx([118.0, 172.0, 190.0])     # 18 + 54 + 18 s of 90
+    assert gc.deadlines(0.0, 60.0, [1.0, 1.0, 1.0]) == pytest.approx([20.0, 40.0, 60.0])
+
+
+def test_plan_gives_fp32_more_of_the_budget_than_bf16():
+    """On an H200 fp32 has a fifteenth of BF16's peak: its case must get the larger share
+    (run 3 of 2026-12-04 shared equally and the fp32 case ran out before its steps)."""
+    cases = gc.plan(("gpt2-xl",), ("fp32", "bf16-mixed"), load_cluster("h200"), 0.0, 16, 8)
+    fp32, bf16 = (c["step_s"] for c in cases)
+    due = gc.deadlines(0.0, 90.0, [fp32, bf16])
+    assert fp32 > 2 * bf16 and due[0] > 60.0

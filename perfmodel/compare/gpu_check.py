@@ -14,7 +14,9 @@ Cases: every workload x precision, at the workload's default batch; GPT-2 XL cut
 DEFAULT_BLOCKS blocks (embeddings, blocks, tied head) to keep the check short. A case whose
 spec-predicted peak would exceed FIT_FRACTION of this GPU's memory is cut further (blocks
 halved, then the batch) and the report says so. The time budget is shared out: case i must
-finish by start + budget x (i + 1) / cases (time a case leaves unused carries over), each
+finish by start + budget x (the spec-predicted step times of cases 0..i) / (all of them),
+so a case expected to take longer gets more of the budget (`deadlines`; time a case leaves
+unused carries over), each
 case stops where it is at its deadline and the report names what it skipped.
 """
 
@@ -95,8 +97,23 @@ def plan(workloads: Sequence[str], precisions: Sequence[str], base: ClusterProfi
                     raise PerfmodelError(f"{name} at {precision} does not fit this GPU even "
                                          f"at one block and batch 1")
             cases.append({"workload": name, "precision": precision, "batch_size": b,
-                          "blocks": k, "notes": notes})
+                          "blocks": k, "notes": notes,
+                          "step_s": predicted(base, name, precision, k, b)["step_s"]})
     return cases
+
+
+def deadlines(start: float, budget_s: float, step_s: Sequence[float]) -> list[float]:
+    """When each case must be done: the budget shared out in proportion to each case's
+    predicted step time (its unit passes and steps scale with it), cumulatively, so the
+    last deadline is start + budget and time a case leaves unused carries over. Run 3 on
+    an H200 (2026-12-04) shared 90 s equally over fp32, TF32 and BF16 GPT-2 XL cases and
+    the fp32 one, 3x the others' step time, ran out before its training steps."""
+    weights = [max(float(s), 1e-6) for s in step_s]
+    total, done, out = sum(weights), 0.0, []
+    for w in weights:
+        done += w
+        out.append(start + budget_s * done / total)
+    return out
 
 
 def compare(measured: Sequence[dict[str, Any]], base: ClusterProfile, *,
@@ -176,9 +193,9 @@ def run_check(out: Path, *, workloads: Sequence[str] = DEFAULT_WORKLOADS,
     say(f"gpu-check on {info['name']} against profile '{base.name}': {len(cases)} cases, "
         f"budget {budget_s:.0f} s")
     measured = []
+    due = deadlines(start, budget_s, [c["step_s"] for c in cases])
     try:
-        for i, c in enumerate(cases):
-            deadline = start + budget_s * (i + 1) / len(cases)
+        for i, (c, deadline) in enumerate(zip(cases, due, strict=True)):
             say(f"[{i + 1}/{len(cases)}] {c['workload']} {c['precision']} batch "
                 f"{c['batch_size']}" + (f", {c['blocks']} blocks" if c["blocks"] else "")
                 + f" (by {deadline - start:.0f} s)")
