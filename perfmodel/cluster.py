@@ -100,6 +100,11 @@ class WorkloadCompute:
     core_contention: float
 
 
+# The training precisions (perfmodel/workload.py PRECISIONS holds their byte rules; it
+# imports this module, so the names live here and a test keeps the two the same).
+PRECISION_NAMES = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PrecisionCompute:
     """A GPU's matmul efficiency curve and per-kernel cost fitted for one training precision
@@ -427,15 +432,13 @@ def _by_workload(comp: Fields) -> tuple[WorkloadCompute, ...]:
 def _by_precision(comp: Fields) -> tuple[PrecisionCompute, ...]:
     """[compute.by_precision.<precision>] tables: each measured precision's own matmul
     curve and kernel cost."""
-    from perfmodel.workload import PRECISIONS  # workload.py imports this module
-
     if not comp.has("by_precision"):
         return ()
     table = comp.table("by_precision")
     for name in table.data:
-        if name not in PRECISIONS:
+        if name not in PRECISION_NAMES:
             raise PerfmodelError(f"{table._where(name)}: unknown precision '{name}'; choose "
-                                 f"from {', '.join(PRECISIONS)}")
+                                 f"from {', '.join(PRECISION_NAMES)}")
     return tuple(PrecisionCompute(precision=name,
                                   efficiency_by_flops=table.table(name).curve(
                                       "efficiency_by_flops"),

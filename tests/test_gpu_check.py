@@ -280,3 +280,10 @@ def test_plan_gives_fp32_more_of_the_budget_than_bf16():
     fp32, bf16 = (c["step_s"] for c in cases)
     due = gc.deadlines(0.0, 90.0, [fp32, bf16])
     assert fp32 > 2 * bf16 and due[0] > 60.0
+
+
+def test_profile_precision_names_are_the_workload_precisions():
+    from perfmodel.cluster import PRECISION_NAMES
+    from perfmodel.workload import PRECISIONS
+
+    assert set(PRECISION_NAMES) == set(PRECISIONS)
