@@ -55,8 +55,14 @@ def command(out, workloads, precisions, budget_s, cluster, batch_size, blocks,
     Examples:
       perfmodel gpu-check
       perfmodel gpu-check --workloads resnet50 --precisions tf32,bf16-mixed --budget-s 120
-      perfmodel gpu-check --from-measured reports/gpu-check-2026-12-03/measured.json \\
+      perfmodel gpu-check --from-measured reports/gpu-check-2026-12-04/measured.json \\
           --cluster h200 --out /tmp/again
+
+    \b
+    A calibrated profile checked on new measurements (held out: the base column):
+      PERFMODEL_PROFILES=reports/gpu-check-2026-12-04-fitset perfmodel gpu-check \\
+          --from-measured reports/gpu-check-2026-12-04-heldout3/measured.json \\
+          --cluster h200-gpu-check --out /tmp/heldout
     """
     out = out or Path(f"reports/gpu-check-{dt.date.today().isoformat()}")
     if from_measured is not None:
