@@ -81,6 +81,12 @@ def predicted_passes(cluster: ClusterProfile, workload: Workload,
     return np.array(out)
 
 
+def _all_passes(cluster: ClusterProfile, data) -> np.ndarray:
+    """perfmodel's seconds for every measured pass of `data` ((workload, passes) pairs), in
+    order."""
+    return np.concatenate([predicted_passes(cluster, w, passes) for w, passes in data])
+
+
 def with_compute(cluster: ClusterProfile, x: Sequence[float],
                  by_precision: dict[str, tuple[float, float]] | None = None) -> ClusterProfile:
     """`cluster` with the pooled fit `x` (e_max, log10 F_half, memory_efficiency,
@@ -107,8 +113,7 @@ def _fit_joint(base: ClusterProfile, data, own: Sequence[str]
 
     def residuals(x):
         cluster = with_compute(base, (0.5, x[0], x[1], 0.0), unpack(x))
-        predicted = np.concatenate([predicted_passes(cluster, w, passes) for w, passes in data])
-        return np.log(predicted / measured)
+        return np.log(_all_passes(cluster, data) / measured)
 
     x0 = np.array([9.0, 0.6] + [0.6, 5.0] * len(own))
     lo = [6.0, 0.05] + [0.02, 0.0] * len(own)
@@ -123,8 +128,7 @@ def _fit_default(base: ClusterProfile, data, measured: np.ndarray, log_half: flo
     pooled, on the joint fit's F_half and memory_efficiency."""
     def residuals(y):
         cluster = with_compute(base, (y[0], log_half, memory_efficiency, y[1]))
-        predicted = np.concatenate([predicted_passes(cluster, w, passes) for w, passes in data])
-        return np.log(predicted / measured)
+        return np.log(_all_passes(cluster, data) / measured)
 
     y = least_squares(residuals, np.array([0.6, 5.0]), bounds=([0.02, 0.0], [1.0, 200.0]),
                       diff_step=1e-3).x
@@ -151,7 +155,7 @@ def fit_gpu(base: ClusterProfile, cases: Sequence[dict[str, Any]]) -> GpuFit:
     e_max, launch_us = _fit_default(base, data, measured, log_half, memory_efficiency)
     x = (e_max, log_half, memory_efficiency, launch_us)
     profile = with_compute(base, x, by_precision)
-    final = np.concatenate([predicted_passes(profile, w, passes) for w, passes in data])
+    final = _all_passes(profile, data)
     opt = _optimizer_rate(cases)
     if opt is not None:
         profile = replace(profile, compute=replace(profile.compute, optimizer_GBps=opt))

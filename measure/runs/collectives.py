@@ -130,8 +130,6 @@ def run(ctx) -> None:
             iters = max(s["iters"], PER_CALL_MIN_ITERS) if op in PER_CALL else s["iters"]
             calls = _timed_calls(call, sync, iters, op in PER_CALL)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            if op in PER_CALL and not call.timed:      # the responder: its calls wait out
-                calls = [0.0] * len(calls)               # the sender's gaps; the MAX drops them
             mine = torch.tensor(call_times_s(calls, wall, iters, LEGS.get(op, 1)),
                                 dtype=torch.float64, device=ctx.device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)     # the slowest rank's times
@@ -162,14 +160,18 @@ def call_times_s(calls: list[float], wall_s: float, iters: int, legs: int
 
 def _timed_calls(call, sync, iters: int, per_call: bool) -> list[float]:
     """Run `call` iters times back to back, the device synchronised at the end; with
-    per_call, synchronise after each call and return each call's seconds (else [])"""
+    per_call, synchronise after each call and return each call's seconds (else []). A call
+    with `gap_s` is preceded by that much idling (untimed); one marked `timed = False` (a
+    ping-pong's responder, whose calls wait out the sender's gaps) returns zeros, which the
+    ranks' MAX then drops."""
     if not per_call:
         for _ in range(iters):
             call()
         sync()
         return []
     times = []
-    gap_s = getattr(call, "gap_s", 0.0) if getattr(call, "timed", True) else 0.0
+    timed = getattr(call, "timed", True)
+    gap_s = getattr(call, "gap_s", 0.0) if timed else 0.0
     for _ in range(iters):
         if gap_s:
             time.sleep(gap_s)
@@ -177,7 +179,7 @@ def _timed_calls(call, sync, iters: int, per_call: bool) -> list[float]:
         call()
         sync()
         times.append(time.perf_counter() - t0)
-    return times
+    return times if timed else [0.0] * len(times)
 
 
 def _make_call(op: str, count: int, dtype, device: str, rank: int, n: int, torch, dist):
