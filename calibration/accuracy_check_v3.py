@@ -26,6 +26,7 @@ import json
 import shutil
 import sys
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,26 +49,54 @@ from perfmodel.accuracy.model import ACCURACY_DIR, load_accuracy_model, parse_ac
 from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import load_toml
 
-PLAN_FILE = REPO / "perfmodel" / "data" / "heldout" / "accuracy_plan_v3.toml"
-CHECK_FILE = REPO / "perfmodel" / "data" / "heldout" / "accuracy_check_v3.toml"
-HELD_OUT_DIR = ACCURACY_DIR / "v3"
-COMMAND = "python -m calibration.accuracy_check_v3"
-BEFORE = {"mlp-digits": ACCURACY_DIR / "mlp.toml"}     # the model a class had before v3
+HELD_OUT = REPO / "perfmodel" / "data" / "heldout"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One held-out check run by this method: its plan, its results and where its runs go.
+    v3 and v4 (calibration/accuracy_check_v4.py) differ only in these."""
+
+    version: str                        # "v3"
+    ordinal: str                        # "third"
+    # the model a class had before this round, where it is not the plan's `writes` file
+    before: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def plan_file(self) -> Path:
+        return HELD_OUT / f"accuracy_plan_{self.version}.toml"
+
+    @property
+    def check_file(self) -> Path:
+        return HELD_OUT / f"accuracy_check_{self.version}.toml"
+
+    @property
+    def held_out_dir(self) -> Path:
+        return ACCURACY_DIR / self.version
+
+    @property
+    def command(self) -> str:
+        return f"python -m calibration.accuracy_check_{self.version}"
+
+
+V3 = Round("v3", "third", {"mlp-digits": ACCURACY_DIR / "mlp.toml"})
+PLAN_FILE, CHECK_FILE, HELD_OUT_DIR, COMMAND = (V3.plan_file, V3.check_file, V3.held_out_dir,
+                                                V3.command)
 
 
 def load_plan(path: Path = PLAN_FILE) -> dict[str, Any]:
     return load_toml(path)
 
 
-def held_out_path(name: str) -> Path:
-    return HELD_OUT_DIR / f"{name}_heldout_runs.json"
+def held_out_path(name: str, run: Round = V3) -> Path:
+    return run.held_out_dir / f"{name}_heldout_runs.json"
 
 
 def class_entry(plan: dict[str, Any], name: str) -> dict[str, Any]:
     for c in plan["classes"]:
         if c["name"] == name:
             return c
-    raise PerfmodelError(f"not a class of the v3 plan: {name}; the plan's: "
+    raise PerfmodelError(f"not a class of the plan: {name}; the plan's: "
                          f"{', '.join(c['name'] for c in plan['classes'])}")
 
 
@@ -101,46 +130,48 @@ def fit_data(cls, plan: dict[str, Any]) -> dict[str, Any]:
     return {"provenance": prov, "profiles": profiles, "runs": runs, "noise_scale": noise}
 
 
-def held_out_data(cls, plan: dict[str, Any], record: bool, progress=print) -> dict[str, Any]:
-    path = held_out_path(cls.name)
+def held_out_data(cls, plan: dict[str, Any], record: bool, progress=print, run: Round = V3
+                  ) -> dict[str, Any]:
+    path = held_out_path(cls.name, run)
     profiles = None if path.exists() else v2.held_out_profiles(plan)
     if record:
         return record_runs(cls, v2.held_out_keys(plan), path, profiles, cls.task(),
-                           progress=progress, plan_file=PLAN_FILE)
+                           progress=progress, plan_file=run.plan_file)
     return json.loads(path.read_text()) if path.exists() else {"profiles": profiles,
                                                                 "runs": []}
 
 
-def model_before(plan: dict[str, Any], name: str):
-    """The class's model before v3, kept as v3/<class>_before.toml the first time."""
-    kept = HELD_OUT_DIR / f"{name}_before.toml"
+def model_before(plan: dict[str, Any], name: str, run: Round = V3):
+    """The class's model before this round, kept as <version>/<class>_before.toml the first
+    time."""
+    kept = run.held_out_dir / f"{name}_before.toml"
     if not kept.exists():
-        source = BEFORE.get(name, model_path(plan, name))
+        source = run.before.get(name, model_path(plan, name))
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, kept)
     return load_accuracy_model(path=kept)
 
 
-def fit_model(cls, data: dict[str, Any], plan: dict[str, Any], check=None):
+def fit_model(cls, data: dict[str, Any], plan: dict[str, Any], check=None, run: Round = V3):
     """Fit `cls` on `data` with the measured curve; write its TOML when `check` is given."""
     fitted = {r["profile"] for r in data["runs"]} - {"sync"}
     setting = fit_setting(data, fitted, cls.optimizer, cls.lr, cls.budget_updates,
                           is_unstable=accuracy_unstable, measured_curve=True)
     out = model_path(plan, cls.name)
-    prov = {**data["provenance"], "date": now(), "command": f"{COMMAND} {cls.name}",
+    prov = {**data["provenance"], "date": now(), "command": f"{run.command} {cls.name}",
             "runs_recorded": data["provenance"]["date"], "runs": len(data["runs"]),
             "fitted_profiles": sorted(fitted),
             "held_out_profiles": list(plan["profiles"]["held_out"]),
             "stability_rule": "calibration/fit_accuracy.py accuracy_unstable (plan v2, v3)",
-            "curve": plan["fit"]["curve"], "plan": rel(PLAN_FILE),
+            "curve": plan["fit"]["curve"], "plan": rel(run.plan_file),
             "runs_files": list(plan["fit"]["runs_files"][cls.name]),
-            "held_out_runs_file": rel(held_out_path(cls.name))}
+            "held_out_runs_file": rel(held_out_path(cls.name, run))}
     text = model_toml(workload=cls.workload, data_set=cls.data_set,
                       caveat=f"fitted on {cls.description} only", chance=1.0 / classes_of(cls),
                       batch=64, target=target_of(setting["sync_observed"]), setting=setting,
                       prov=prov, check=check,
                       header=f"The accuracy cost of staleness for {cls.name}, fitted by "
-                             f"`{COMMAND} {cls.name}` under accuracy_plan_v3.toml.")
+                             f"`{run.command} {cls.name}` under {run.plan_file.name}.")
     model = parse_accuracy_model(tomllib.loads(text), out)
     if check is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,14 +181,14 @@ def fit_model(cls, data: dict[str, Any], plan: dict[str, Any], check=None):
     return model
 
 
-def check_class(name: str, plan: dict[str, Any], record: bool, progress=print
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def check_class(name: str, plan: dict[str, Any], record: bool, progress=print,
+                run: Round = V3) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from measure.staleness_classes import workload_class
 
     cls = workload_class(name)
-    before = model_before(plan, name)
+    before = model_before(plan, name, run)
     fitted = fit_data(cls, plan)
-    held = held_out_data(cls, plan, record, progress)
+    held = held_out_data(cls, plan, record, progress, run)
     keys = set(v2.held_out_keys(plan))
     runs = [r for r in held["runs"] if key_of(r) in keys]
     sync = [r for r in fitted["runs"] if r["profile"] == "sync"]
@@ -168,60 +199,62 @@ def check_class(name: str, plan: dict[str, Any], record: bool, progress=print
         return held_out_rows(data, model, cls.optimizer, cls.lr, cls.budget_updates,
                              held_out, is_unstable=accuracy_unstable)
 
-    rows = rows_of(fit_model(cls, fitted, plan))
+    rows = rows_of(fit_model(cls, fitted, plan, run=run))
+    was = f"before_{run.version}"
     for row, old in zip(rows, rows_of(before), strict=True):
-        row["before_v3_predicted_penalty_points"] = old["predicted_penalty_points"]
-        row["before_v3_predicted_unstable"] = old["predicted_unstable"]
-        row["before_v3_abs_error_points"] = old["abs_error_points"]
+        row[f"{was}_predicted_penalty_points"] = old["predicted_penalty_points"]
+        row[f"{was}_predicted_unstable"] = old["predicted_unstable"]
+        row[f"{was}_abs_error_points"] = old["abs_error_points"]
         row["zero_penalty_abs_error_points"] = abs(row["observed_penalty_points"])
     summary = v2.verdict(rows, plan["rules"], len(keys), len(runs))
     stable = [r for r in rows if r["stable_group"]]
-    summary["before_v3_median_abs_error_points"] = (
-        float(np.median([r["before_v3_abs_error_points"] for r in stable])) if stable else None)
+    summary[f"{was}_median_abs_error_points"] = (
+        float(np.median([r[f"{was}_abs_error_points"] for r in stable])) if stable else None)
     summary["zero_penalty_median_abs_error_points"] = (
         float(np.median([r["zero_penalty_abs_error_points"] for r in stable]))
         if stable else None)
     if summary["complete"]:
-        fit_model(cls, fitted, plan, (rows, summary))
+        fit_model(cls, fitted, plan, (rows, summary), run)
     return rows, summary
 
 
 def write_check(results: dict[str, tuple[list[dict], dict]], plan: dict[str, Any],
-                path: Path = CHECK_FILE) -> None:
+                path: Path | None = None, run: Round = V3) -> None:
     """Every group of every class given, misses included; classes already there are kept."""
-    v2.write_check(results, plan, path, title="The third held-out accuracy check, "
-                   "accuracy_plan_v3.toml", command=COMMAND,
-                   legend=("before_v3_* = the class's model before v3 (not judged); "
-                           "zero_penalty_* = predicting no penalty (not judged).",))
+    v2.write_check(results, plan, path or run.check_file,
+                   title=f"The {run.ordinal} held-out accuracy check, {run.plan_file.name}",
+                   command=run.command,
+                   legend=(f"before_{run.version}_* = the class's model before {run.version} "
+                           "(not judged); zero_penalty_* = predicting no penalty (not judged).",))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run: Round = V3, description: str = __doc__) -> int:
     parser = argparse.ArgumentParser(
-        prog=COMMAND, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.splitlines()[0],
+        prog=run.command, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=description.splitlines()[0],
         epilog="examples:\n"
-               f"  nice -n 19 {COMMAND} logreg-tabular cnn-digits\n"
-               f"  {COMMAND} --fit-only --write-check mlp-digits cnn-digits   # recorded runs\n")
+               f"  nice -n 19 {run.command} logreg-tabular cnn-digits\n"
+               f"  {run.command} --fit-only --write-check mlp-digits cnn-digits"
+               "   # recorded runs\n")
     parser.add_argument("classes", nargs="+", metavar="CLASS")
     parser.add_argument("--fit-only", action="store_true",
                         help="no new runs: check on what is recorded")
     parser.add_argument("--write-check", action="store_true",
-                        help="write the classes given into "
-                             "perfmodel/data/heldout/accuracy_check_v3.toml")
+                        help=f"write the classes given into {rel(run.check_file)}")
     args = parser.parse_args(argv)
-    plan = load_plan()
+    plan = load_plan(run.plan_file)
     for name in args.classes:
         class_entry(plan, name)
     results = {}
     for name in args.classes:
-        rows, summary = check_class(name, plan, not args.fit_only)
+        rows, summary = check_class(name, plan, not args.fit_only, run=run)
         results[name] = (rows, summary)
         for r in rows:
-            print(v2.group_line(name, r, f" (before v3 "
-                                         f"{r['before_v3_predicted_penalty_points']:5.1f})"))
+            before = r[f"before_{run.version}_predicted_penalty_points"]
+            print(v2.group_line(name, r, f" (before {run.version} {before:5.1f})"))
         print(f"{name}: {summary}")
     if args.write_check:
-        write_check(results, plan)
+        write_check(results, plan, run=run)
     return 0
 
 
