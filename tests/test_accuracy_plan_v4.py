@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tomllib
 
+import numpy as np
 import pytest
 
 from calibration import accuracy_check_v2 as v2
@@ -90,3 +91,34 @@ def test_the_round_writes_where_the_plan_says(plan):
     assert V4.before["mlp-digits"].is_file()
     assert v3.held_out_path("cnn-digits", V4) == ACCURACY_DIR / "v4" / \
         "cnn-digits_heldout_runs.json"
+
+
+def test_committed_v4_check_has_every_group_of_every_class(plan):
+    data = tomllib.loads(V4.check_file.read_text())
+    assert data["classes_run"] == NAMES and data["classes_not_run"] == []
+    for name in NAMES:
+        summary = data["classes"][name]
+        assert summary["groups"] == len(summary["held_out"]) == 10
+        assert summary["runs_recorded"] == summary["runs_planned"] == 160
+        for row in summary["held_out"]:
+            assert row["seeds"] == 16 and row["result"] in ("pass", "miss")
+            assert row["zero_penalty_abs_error_points"] == abs(row["observed_penalty_points"])
+            assert "before_v4_predicted_penalty_points" in row
+        stable = [r["abs_error_points"] for r in summary["held_out"] if r["stable_group"]]
+        right = np.mean([r["stability_right"] for r in summary["held_out"]])
+        assert summary["passed"] == (bool(stable) and float(np.median(stable)) <= 3.0
+                                     and right >= 0.9)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_class_models_are_v4s_fit_with_its_check(plan, name):
+    from perfmodel.accuracy.model import load_accuracy_model
+
+    path = v3.model_path(plan, name)
+    model = load_accuracy_model(path=path)
+    assert model.settings[0].curve.measured
+    assert model.provenance["plan"] == "perfmodel/data/heldout/accuracy_plan_v4.toml"
+    check = tomllib.loads(path.read_text())["check"]
+    committed = tomllib.loads(V4.check_file.read_text())["classes"][name]
+    assert check["passed"] == committed["passed"]
+    assert check["median_abs_error_points"] == pytest.approx(committed["median_abs_error_points"])
