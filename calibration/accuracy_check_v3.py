@@ -258,9 +258,14 @@ def main(argv: list[str] | None = None, run: Round = V3, description: str = __do
     return 0
 
 
-if __name__ == "__main__":
+def cli(run: Round = V3, description: str = __doc__) -> None:
+    """A round's command line: a PerfmodelError is one line on stderr and exit status 2."""
     try:
-        sys.exit(main())
+        sys.exit(main(run=run, description=description))
     except PerfmodelError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    cli()

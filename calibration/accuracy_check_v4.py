@@ -14,19 +14,12 @@ Usage: python -m calibration.accuracy_check_v4 [--fit-only] [--write-check] CLAS
 
 from __future__ import annotations
 
-import sys
-
-from calibration.accuracy_check_v3 import Round, main
+from calibration.accuracy_check_v3 import Round, cli
 from perfmodel.accuracy.model import ACCURACY_DIR
-from perfmodel.errors import PerfmodelError
 
 # mlp-digits's v3 fit lives in v3/ (mlp.toml, the shipped multi-setting model, is not the
 # class's); the other classes' model before v4 is the shipped file the plan rewrites
 V4 = Round("v4", "fourth", {"mlp-digits": ACCURACY_DIR / "v3" / "mlp-digits.toml"})
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(run=V4, description=__doc__))
-    except PerfmodelError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli(V4, __doc__)

@@ -14,16 +14,9 @@ Usage: python -m calibration.accuracy_check_v5 [--fit-only] [--write-check] cnn-
 
 from __future__ import annotations
 
-import sys
-
-from calibration.accuracy_check_v3 import Round, main
-from perfmodel.errors import PerfmodelError
+from calibration.accuracy_check_v3 import Round, cli
 
 V5 = Round("v5", "fifth")       # cnn-digits's model before v5: the shipped file (v4's fit)
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(run=V5, description=__doc__))
-    except PerfmodelError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli(V5, __doc__)
