@@ -80,3 +80,27 @@ def test_fit_data_is_every_earlier_cnn_run_v4s_included(plan):
     assert not {k[0] for k in keys} & set(plan["profiles"]["held_out"])
     assert set(v3.load_plan(V4.plan_file)["profiles"]["held_out"]) <= {k[0] for k in keys}
     assert len(keys) > len(v3.fit_data(cls, v3.load_plan(V4.plan_file))["runs"])
+
+
+def test_committed_v5_check_has_every_group_and_ships_its_fit(plan):
+    import tomllib
+
+    import numpy as np
+
+    from perfmodel.accuracy.model import load_accuracy_model
+
+    data = tomllib.loads(V5.check_file.read_text())
+    assert data["classes_run"] == ["cnn-digits"] and data["classes_not_run"] == []
+    summary = data["classes"]["cnn-digits"]
+    assert summary["groups"] == len(summary["held_out"]) == 10
+    assert summary["runs_recorded"] == summary["runs_planned"] == 1120
+    for row in summary["held_out"]:
+        assert row["seeds"] == 112 and "before_v5_predicted_penalty_points" in row
+    stable = [r["abs_error_points"] for r in summary["held_out"] if r["stable_group"]]
+    right = np.mean([r["stability_right"] for r in summary["held_out"]])
+    assert summary["passed"] == (bool(stable) and float(np.median(stable)) <= 3.0
+                                 and right >= 0.9)
+    path = v3.model_path(plan, "cnn-digits")
+    assert load_accuracy_model(path=path).provenance["plan"] == \
+        "perfmodel/data/heldout/accuracy_plan_v5.toml"
+    assert tomllib.loads(path.read_text())["check"]["passed"] == summary["passed"]
