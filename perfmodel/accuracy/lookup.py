@@ -26,9 +26,9 @@ from perfmodel.workload import Workload
 # How to get one today: the harness and fitter are mlp/digits-specific (a `perfmodel staleness
 # fit` for the user's own model is issue 16's open part), so the line points at them and at
 # the workload field that names a model file.
-FIT_HINT = ("to cost it, fit a model on your workload (measure/staleness_harness.py, "
-            "calibration/fit_accuracy.py; docs/model.md) and name its file in the workload's "
-            "TOML: accuracy_model = \"path.toml\"")
+FIT_HINT = ("to cost it, fit one on your own model: perfmodel staleness fit --model "
+            "PKG.MOD:FUNC --data PKG.MOD:FUNC --workload NAME (or name a fitted file in the "
+            "workload's TOML: accuracy_model = \"path.toml\")")
 
 
 def user_accuracy_dir() -> Path:
