@@ -16,6 +16,9 @@ of every group, the fit data, the curve and the rules (v2's, unchanged). Per cla
 4. The check, by the plan's rules, every group in perfmodel/data/heldout/accuracy_check_v3.toml
    (--write-check); a class whose runs are not all recorded gets no verdict.
 
+The later checks that keep this method (v4, v5) name their own `Round` (plan, results, runs
+folder, command, the model before them) and call `cli` with it.
+
 Usage: python -m calibration.accuracy_check_v3 [--fit-only] [--write-check] CLASS [...]
 """
 
@@ -55,7 +58,7 @@ HELD_OUT = REPO / "perfmodel" / "data" / "heldout"
 @dataclass(frozen=True)
 class Round:
     """One held-out check run by this method: its plan, its results and where its runs go.
-    v3 and v4 (calibration/accuracy_check_v4.py) differ only in these."""
+    v3, v4 and v5 (calibration/accuracy_check_v4.py, _v5.py) differ only in these."""
 
     version: str                        # "v3"
     ordinal: str                        # "third"
