@@ -90,8 +90,8 @@ def scatter(rows: Sequence[Comparison], out: Path) -> dict[str, Any]:
             ax.text(0.5, 0.5, "no configuration where it can be wrong" if q ==
                     "staleness_mean" else "no configuration", ha="center",
                     transform=ax.transAxes)
-    axes.flat[3].set_title("staleness where it can be wrong (SSP, async with stragglers):\n"
-                           "per-worker means, else the pooled mean", fontsize=10)
+    axes.flat[3].set_title("staleness where it can be wrong (SSP, async\nwith stragglers): "
+                           "per-worker means, else pooled", fontsize=10)
     handles = [plt.Line2D([], [], marker="o", ls="", color=r.color, label=r.name)
                for r in strategy_records.REGISTRY.values()]
     handles.append(plt.Line2D([], [], marker="o", ls="", color="k", mfc="none",
