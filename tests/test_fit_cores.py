@@ -104,13 +104,13 @@ def test_ps_round_trip_check_charges_the_optimizer_and_flags_a_miss_loudly():
     old_apply = mlp.params * mlp.precision_spec.grad_bytes / (local.server.apply_GBps * 1e9)
     assert optimizer_seconds(local, mlp, 1.0) != pytest.approx(old_apply, rel=0.05)
     checks = _ps_checks([_Run("mlp", [model] * 5)], local, local)
-    [(name, check)] = [(k, v) for k, v in checks.items() if k.startswith("ps_round_trip")]
+    [(name, check)] = [(k, v) for k, v in checks.items() if k.startswith("ps_round_trip_unshared")]
     assert check["model"] == pytest.approx(model, rel=1e-12)
     assert check["tolerance"] == PS_ROUND_TRIP_TOL
     assert failed_checks(checks) == []
     far = _ps_checks([_Run("mlp", [model * 20] * 5)], local, local)      # -95 %, issue 14
     [note] = failed_checks(far)
-    assert note.startswith(f"{CHECK_FAILED}: ps_round_trip_s.run7") and "-95%" in note
+    assert note.startswith(f"{CHECK_FAILED}: ps_round_trip_unshared_s.run7") and "-95%" in note
 
 
 def test_measured_profile_carries_the_host_cores_and_contention_only_on_a_cpu_base():
