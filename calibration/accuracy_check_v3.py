@@ -83,8 +83,7 @@ class Round:
 
 
 V3 = Round("v3", "third", {"mlp-digits": ACCURACY_DIR / "mlp.toml"})
-PLAN_FILE, CHECK_FILE, HELD_OUT_DIR, COMMAND = (V3.plan_file, V3.check_file, V3.held_out_dir,
-                                                V3.command)
+PLAN_FILE, CHECK_FILE = V3.plan_file, V3.check_file
 
 
 def load_plan(path: Path = PLAN_FILE) -> dict[str, Any]:

@@ -84,8 +84,11 @@ def plan(workloads: Sequence[str], precisions: Sequence[str], base: ClusterProfi
             b = batch or w.batch_size
             k = blocks if blocks is not None else DEFAULT_BLOCKS.get(name)
             notes = []
-            while memory_bytes > 0 and predicted(base, name, precision, k, b)[
-                    "allocated_bytes"] > FIT_FRACTION * memory_bytes:
+            while True:
+                spec = predicted(base, name, precision, k, b)
+                if not (memory_bytes > 0
+                        and spec["allocated_bytes"] > FIT_FRACTION * memory_bytes):
+                    break
                 middle = k if k is not None else len(w.units) - 2
                 if middle > 1:
                     k = middle // 2
@@ -98,7 +101,7 @@ def plan(workloads: Sequence[str], precisions: Sequence[str], base: ClusterProfi
                                          f"at one block and batch 1")
             cases.append({"workload": name, "precision": precision, "batch_size": b,
                           "blocks": k, "notes": notes,
-                          "step_s": predicted(base, name, precision, k, b)["step_s"]})
+                          "step_s": spec["step_s"]})
     return cases
 
 
