@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from calibration.from_store import fit_from_runs
+from calibration.pool import PooledStore, PoolSource
 from calibration.profile_writer import write_profile
-from calibration.suite import Measurement, reusable_run
+from calibration.suite import Measurement, matching_runs, reusable_run
 from measure import session
 from measure.protocol import RunProtocol
 from measure.session import NoProgress, Progress
 from measure.store import Store
-from perfmodel.errors import RunFailedError
+from perfmodel.errors import PerfmodelError, RunFailedError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,9 +106,31 @@ def run_suite(suite: Sequence[Measurement], store: Store, *, fresh: bool, host: 
                    protocol=protocol)
 
 
+def pool_sources(suite: Sequence[Measurement], stores: Sequence[Store], *, host: str
+                 ) -> list[PoolSource]:
+    """The runs of `suite` stored in each earlier store (from this host), or a one-line
+    error naming a store that lacks some."""
+    out = []
+    for store in stores:
+        stored = store.list_runs()
+        newest = {m.key: [r.id for r in matching_runs(stored, m) if r.host == host][-1:]
+                  for m in suite if not m.multinode}
+        missing = [m.label for m in suite if not m.multinode and not newest[m.key]
+                   and not getattr(m, "optional", False)]
+        if missing:
+            raise PerfmodelError(
+                f"--pool {store.path}: {len(missing)} of this suite's runs are not stored "
+                f"there from this host ({host}), e.g. {missing[0]}; pool a store calibrated "
+                f"with the same options here")
+        out.append(PoolSource(store, tuple(i for ids in newest.values() for i in ids)))
+    return out
+
+
 def fit_and_write(cluster: str, ids: Sequence[int], store: Store, *, base: str,
-                  folder: Path | None = None) -> Written:
-    """Fit the runs into the profile `cluster` and write it (the user profile folder)."""
-    data = fit_from_runs(store, list(ids), name=cluster, base=base)
+                  folder: Path | None = None, pool: Sequence[PoolSource] = ()) -> Written:
+    """Fit the runs into the profile `cluster` and write it (the user profile folder),
+    pooled with the runs of `pool` (calibration/pool.py)."""
+    pooled = PooledStore([PoolSource(store, tuple(ids)), *pool])
+    data = fit_from_runs(pooled, pooled.ids, name=cluster, base=base)
     written = write_profile(data, folder)
     return Written(data=data, path=written.path, backup=written.backup)

@@ -76,6 +76,7 @@ from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply, fit_server_update
 from calibration.hardware import detect, shipped_profile
+from calibration.pool import PooledStore
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
 from calibration.selfcheck import (
     SelfCheck,
@@ -167,6 +168,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     base_cluster = base_profile(base)
     notes: list[str] = []
     runs = [store.get_run(int(i)) for i in dict.fromkeys(run_ids)]
+    if isinstance(store, PooledStore) and len(store.sources) > 1:
+        notes.append(f"pooled set A of {len(store.sources)} stores (calibration/pool.py): "
+                     + "; ".join(store.describe()))
     failed = [r.row.id for r in runs if r.row.status != "ok"]
     if failed:
         notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")

@@ -289,6 +289,13 @@ def comparable(config: dict[str, Any]) -> str:
     return json.dumps(clean, sort_keys=True)
 
 
+def matching_runs(stored, m: Measurement) -> list:
+    """The successful stored runs (store.list_runs rows, oldest first) that measured `m`."""
+    want = comparable(m.config)
+    return [r for r in stored if r.status == "ok" and r.kind == m.config["kind"]
+            and comparable(r.config) == want]
+
+
 def reusable_run(runs, m: Measurement, *, host: str, torch_version: str | None,
                  now: dt.datetime) -> int | None:
     """Id of the newest stored run (store.list_runs rows) that can stand for `m`, or None."""

@@ -64,11 +64,15 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")    # as calibration/pr
               help="With --from-*: the profile the unmeasured fields come from [--cluster if "
                    "it is a profile, else the logs' GPU].")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--pool", "pool", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              multiple=True, help="Also fit the same suite's runs stored in this earlier store "
+              "(repeatable): one session on a shared or virtual machine is a snapshot of its "
+              "state; pooled sessions give steadier fits (calibration/pool.py).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @protocol_options
 def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
             rdzv_endpoint, rdzv_id, nproc_per_node, nccl_logs, traces, workload, batch_size,
-            base, files, as_json, settle_load, settle_max_s, no_pin):
+            base, files, pool, as_json, settle_load, settle_max_s, no_pin):
     """Measure this machine or cluster and write a calibrated profile.
 
     Runs the suite of real measurements the model needs (collective sweeps, per-unit compute
@@ -86,6 +90,7 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
       perfmodel calibrate --cluster local
       perfmodel calibrate --cluster local --quick --json
       perfmodel calibrate --cluster mybox --workloads mlp,cnn-small --fresh
+      perfmodel calibrate --cluster local --db today.sqlite --pool monday.sqlite
       perfmodel calibrate --cluster a10g --nnodes 4 --node-rank 0 --rdzv-endpoint head:29500
       perfmodel calibrate --cluster mynodes --from-nccl-tests all_reduce_perf_*.log
       perfmodel calibrate --cluster mynodes --base h100 --from-nccl-tests ar_1x8.log ar_4x8.log
@@ -130,6 +135,7 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
     if node_rank:                   # other nodes take part in the multi-node runs only
         suite = tuple(m for m in suite if m.multinode)
     store = Store(db)
+    pooled = driver.pool_sources(suite, [Store(p) for p in pool], host=hw.host)
     todo = driver.plan(suite, store, fresh=fresh, host=hw.host, torch=torch_version())
     with RunsProgress(command="perfmodel calibrate", label="calibrating",
                       bar=not as_json and sys.stderr.isatty(), lines=True,
@@ -141,7 +147,7 @@ def command(cluster, fresh, db, workloads, quick, max_time_s, nnodes, node_rank,
     if node_rank:
         click.echo(f"node {node_rank}: measurements done; node 0 fits and writes the profile")
         return
-    written = driver.fit_and_write(cluster, ids, store, base=choice.base)
+    written = driver.fit_and_write(cluster, ids, store, base=choice.base, pool=pooled)
     for note in written.data["calibration"].get("notes") or []:
         if note.startswith("CHECK FAILED"):     # loud: also in the profile's notes
             click.echo(f"warning: {note}", err=True)

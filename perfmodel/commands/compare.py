@@ -35,6 +35,10 @@ from perfmodel.commands.protocol_options import make_protocol, protocol_options
               "store lacks it (as `perfmodel calibrate` would).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Use this calibrated profile instead of fitting set A.")
+@click.option("--pool", "pool", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              multiple=True, help="Also fit the complete calibration set A stored in this "
+              "earlier store (repeatable): one session's calibration on a shared machine is a "
+              "snapshot of its state, and sessions pooled steady it.")
 @click.option("--allow-other-host", is_flag=True,
               help="Compare with a calibration made on another machine (warns).")
 @click.option("--torch-memory", default=None, metavar="RANKS|none",
@@ -45,9 +49,9 @@ from perfmodel.commands.protocol_options import make_protocol, protocol_options
               help="Stop any one run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @protocol_options
-def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow_other_host,
-            torch_memory, predict_only, max_time_s, as_json, settle_load, settle_max_s,
-            no_pin):
+def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, pool,
+            allow_other_host, torch_memory, predict_only, max_time_s, as_json, settle_load,
+            settle_max_s, no_pin):
     """Predict held-out configurations, measure them, and report the errors.
 
     Calibration set A is the calibration suite's runs (`perfmodel calibrate`); set B, disjoint
@@ -64,6 +68,7 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
       perfmodel compare --cluster local --calibrate
       perfmodel compare --cluster local --quick --out /tmp/first-look
       perfmodel compare --cluster local --profile ~/.local/share/perfmodel/profiles/local.toml
+      perfmodel compare --cluster local --calibrate --db today.sqlite --pool monday.sqlite
     """
     from measure.launch import require_torch
     from measure.store import Store
@@ -81,9 +86,10 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, all
         done = compare(
             Store(db), cluster, out=out, quick=quick, repeats=repeats, seed=seed,
             calibrate=calibrate, profile_path=profile_path, allow_other_host=allow_other_host,
+            pool=tuple(Store(p) for p in pool),
             torch_memory=torch_memory, predict_only=predict_only, max_time_s=max_time_s,
             command_line=_command_line(cluster, db, quick, repeats, seed, out, calibrate,
-                                       profile_path, allow_other_host, torch_memory)
+                                       profile_path, allow_other_host, torch_memory, pool)
             + _protocol_args(settle_load, settle_max_s, no_pin),
             calibration_progress=calibrating, progress=comparing,
             run_protocol=make_protocol(settle_load, settle_max_s, no_pin))
@@ -107,13 +113,14 @@ def _protocol_args(settle_load: float, settle_max_s: float, no_pin: bool) -> str
 
 
 def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow,
-                  torch_memory) -> str:
+                  torch_memory, pool=()) -> str:
     parts = ["perfmodel", "compare", "--cluster", cluster]
     parts += ["--calibrate"] * calibrate + ["--quick"] * quick
     parts += ["--repeats", str(repeats)] if repeats != 3 else []
     parts += ["--seed", str(seed)] if seed else []
     parts += ["--db", str(db)] if db else []
     parts += ["--profile", str(profile_path)] if profile_path else []
+    parts += [x for p in pool for x in ("--pool", str(p))]
     parts += ["--allow-other-host"] * allow
     parts += ["--torch-memory", torch_memory] if torch_memory else []
     parts += ["--out", str(out)]

@@ -23,6 +23,7 @@ from typing import Any
 from calibration import driver
 from calibration.from_store import fit_from_runs
 from calibration.hardware import detect, torch_version
+from calibration.pool import PooledStore, PoolSource
 from calibration.suite import build_suite
 from measure.protocol import RunProtocol
 from measure.session import NoProgress, Progress
@@ -72,8 +73,12 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
             allow_other_host: bool = False, torch_memory: str | None = None,
             predict_only: bool = False, max_time_s: float | None = 600,
             command_line: str = "", calibration_progress: Progress | None = None,
-            progress: Progress | None = None, run_protocol: RunProtocol | None = None) -> Outcome:
+            progress: Progress | None = None, run_protocol: RunProtocol | None = None,
+            pool: tuple[Store, ...] = ()) -> Outcome:
     """Predict set B, measure it, write the report into `out` (see the module docstring).
+
+    `pool`: earlier stores whose complete set A is fitted together with this store's
+    (calibration/pool.py): one calibration on a shared machine is a snapshot of its state.
 
     `calibration_progress` follows the measurement of a missing set A (with `calibrate`),
     `progress` the runs of set B and the elastic part. `run_protocol` (measure/protocol.py):
@@ -86,7 +91,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     data, set_a, suite_configs, notes = profile_data(
         store, cluster, profile_path=profile_path, calibrate=calibrate, here=here,
         allow=allow_other_host, max_time_s=max_time_s, quick=quick,
-        progress=calibration_progress, run_protocol=run_protocol)
+        progress=calibration_progress, run_protocol=run_protocol, pool=pool)
     notes = [*notes, *(f"Calibration {w}" for w in
                        (data.get("calibration") or {}).get("self_check_warnings") or [])]
     protocol.check_disjoint(held_out, suite_configs)
@@ -154,10 +159,15 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
                  allow: bool, max_time_s: float | None, quick: bool,
-                 progress: Progress | None = None, run_protocol: RunProtocol | None = None):
+                 progress: Progress | None = None, run_protocol: RunProtocol | None = None,
+                 pool: tuple[Store, ...] = ()):
     """(profile data, set A description, set A configs, warnings) from --profile or the
-    store's calibration runs (measured now with --calibrate)."""
+    store's calibration runs (measured now with --calibrate), pooled with the complete set A
+    of each store in `pool`."""
     notes: list[str] = []
+    if profile_path is not None and pool:
+        raise PerfmodelError("--pool fits set A from several stores; --profile takes a fitted "
+                             "profile instead: give one or the other")
     if profile_path is not None:
         data = load_toml(profile_path)
         prov = data.get("provenance") or {}
@@ -187,13 +197,36 @@ def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: st
                               progress=progress, run_protocol=run_protocol)
         found, configs = protocol.calibration_set(store.list_runs(), cluster, host=here,
                                                  any_host=allow)
-    data = fit_from_runs(store, ids, name=cluster, base="local")
+    sources = [PoolSource(store, tuple(ids)), *pooled_sources(pool, cluster, found.suite,
+                                                              here=here, allow=allow)]
+    pooled = PooledStore(sources)
+    data = fit_from_runs(pooled, pooled.ids, name=cluster, base="local")
     warning = protocol.check_host(str(data["provenance"].get("host", "")), here, allow=allow,
                                   what=f"the calibration in {store.path}")
     notes += [warning] if warning else []
-    set_a = {"source": f"the {found.suite} calibration suite (`perfmodel calibrate --cluster "
-                       f"{cluster}`)", "ids": list(found.ids), "labels": list(found.labels)}
+    suite = f"the {found.suite} calibration suite (`perfmodel calibrate --cluster {cluster}`)"
+    if pool:
+        suite += (f", pooled over {len(sources)} stores' complete set A "
+                  f"({'; '.join(pooled.describe())})")
+    set_a = {"source": suite, "ids": pooled.ids, "labels": list(found.labels) * len(sources)}
     return data, set_a, configs, notes
+
+
+def pooled_sources(pool: tuple[Store, ...], cluster: str, suite: str, *, here: str,
+                   allow: bool) -> list[PoolSource]:
+    """Each pooled store's set A: the same suite as this store's, complete, from this host
+    (or any host with `allow`), else a one-line error naming the store."""
+    out = []
+    for other in pool:
+        found, _ = protocol.calibration_set(other.list_runs(), cluster, host=here,
+                                            any_host=allow)
+        if found.missing or found.suite != suite:
+            raise PerfmodelError(
+                f"--pool {other.path}: it holds no complete {suite} calibration set A for "
+                f"'{cluster}' from this host ({len(found.missing)} of its runs missing"
+                f"{', measured on ' + ', '.join(found.elsewhere) if found.elsewhere else ''})")
+        out.append(PoolSource(other, tuple(found.ids)))
+    return out
 
 
 def calibrate_set_a(cluster: str, store, here: str, *, max_time_s: float | None, quick: bool,

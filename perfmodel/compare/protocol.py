@@ -289,13 +289,11 @@ def find_calibration_runs(stored, suite, *, host: str, any_host: bool = False
                           ) -> CalibrationRuns:
     """The newest successful stored run of every suite measurement, from this host (with
     `any_host`, from any host when this one has none)."""
-    from calibration.suite import comparable
+    from calibration.suite import matching_runs
 
     ids, labels, missing, elsewhere = [], [], [], set()
     for m in suite:
-        want = comparable(m.config)
-        match = [r for r in stored if r.status == "ok" and r.kind == m.config["kind"]
-                 and comparable(r.config) == want]
+        match = matching_runs(stored, m)
         here = [r for r in match if r.host == host] or (match if any_host else [])
         if here:
             ids.append(here[-1].id)
