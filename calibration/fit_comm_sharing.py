@@ -23,6 +23,12 @@ host a 1 KiB-64 KiB all-reduce at 4 ranks took 5.5-7 ms against 4.9 ms of unshar
 reduce-scatter). One u over the whole time, fitted as the median of every size (this
 module until then: 0.14 +- 0.03), held the small sizes and left a 12.9 MB DDP gradient's
 all-reduce at 8 ranks far too fast (ddp-mlp-tw8: -30 % in step time in four reports).
+Where the crowded sweeps span >= 2 levels p/c (the full suite: 4 and 8 ranks on 2 cores),
+`fit_stretch_by_level` also gives the measured stretch of the whole collective per level and
+size (topology.comm_cpu_stretch_by_level), which the model then uses instead of u: one
+8-rank sweep (2026-12-04) took ~2.5x the unshared model at 1 MiB where 4 ranks took ~2x, and
+~1.75x at 16 MiB where 4 ranks took ~2.2x, which no single u·(p/c − 1) law gives.
+
 Earlier history: 4 ranks took about 1.3x and 8 ranks about 1.9x the ring model fitted on 2
 ranks where p/c says 2x and 4x (2026-12-03), and each rank's CPU time over its wall time was
 0.6-0.8 at 2 ranks, 0.35-0.44 at 4 and 0.21-0.23 at 8.
@@ -62,7 +68,8 @@ def shared(sample: CollectiveSample, cores: int) -> bool:
 def unshared_s(cluster: ClusterProfile, sample: CollectiveSample) -> float:
     """The model's time of `sample` on `cluster` with no core sharing (u = 0)."""
     layout = dataclasses.replace(cluster, devices_per_node=ranks_per_node(sample),
-                                 comm_cpu_bound_fraction=0.0, comm_cpu_bound_by_bytes=())
+                                 comm_cpu_bound_fraction=0.0, comm_cpu_bound_by_bytes=(),
+                                 comm_cpu_stretch_by_level=())
     return _TIME[sample.op](layout, sample.ranks, sample.bytes)
 
 
@@ -78,6 +85,7 @@ class SharingFit:
 
     fraction: FitResult
     by_bytes: tuple[tuple[float, float], ...]
+    by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()  # by kind
 
 
 def fit_comm_sharing(samples: Sequence[CollectiveSample], unshared: ClusterProfile,
@@ -107,10 +115,40 @@ def fit_comm_sharing(samples: Sequence[CollectiveSample], unshared: ClusterProfi
     fitted = dataclasses.replace(unshared, comm_cpu_bound_fraction=u, comm_cpu_bound_by_bytes=curve)
     u_at = np.array([fitted.comm_cpu_bound(s.bytes) for s in use])
     rel = (model + u_at * excess * byte - measured) / measured
-    return SharingFit(fraction=fit_result(PARAMETER, u, stderr, rel), by_bytes=curve)
+    return SharingFit(fraction=fit_result(PARAMETER, u, stderr, rel), by_bytes=curve,
+                      by_level=fit_stretch_by_level(samples, unshared, cores))
 
 
 def fit_comm_cpu_bound_fraction(samples: Sequence[CollectiveSample], unshared: ClusterProfile,
                                 cores: int) -> FitResult:
     """The one value u of `fit_comm_sharing`."""
     return fit_comm_sharing(samples, unshared, cores).fraction
+
+
+def fit_stretch_by_level(samples: Sequence[CollectiveSample], unshared: ClusterProfile,
+                         cores: int) -> tuple[tuple[str, tuple[tuple[float, float, float], ...]],
+                                              ...]:
+    """topology.comm_cpu_stretch_by_level: per collective kind, crowding level p/c (> 1) and
+    message size, the median over repeats of measured / unshared model time of the whole
+    collective, held >= 1, at every size with >= 2 timings (the whole time is what
+    stretches, so a latency-bound size tells as much as a bandwidth-bound one); a kind is
+    kept only where >= 2 levels were measured (one level says nothing about how the
+    stretch grows with p/c). By kind because they stretch differently: gloo's all-gather
+    and reduce-scatter, 2.5x and 5.8x the ring model already at 2 ranks, stretched far less
+    than all-reduce at 8 ranks on 2 cores (2026-12-04)."""
+    use = [s for s in samples if s.op in _TIME and shared(s, cores)]
+    out = []
+    for op in sorted({s.op for s in use}):
+        rows = []
+        for level in sorted({ranks_per_node(s) / cores for s in use if s.op == op}):
+            at = [s for s in use if s.op == op and ranks_per_node(s) / cores == level]
+            ratio = np.array([s.time_s / unshared_s(unshared, s) for s in at])
+            sizes = np.array([s.bytes for s in at])
+            for n in np.unique(sizes):
+                pick = sizes == n
+                if pick.sum() >= 2 and n > 0:
+                    rows.append((float(level), float(n),
+                                 max(1.0, float(np.median(ratio[pick])))))
+        if len({r[0] for r in rows}) >= 2:
+            out.append((op, tuple(rows)))
+    return tuple(out)

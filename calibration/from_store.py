@@ -200,7 +200,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
                         core_contention=contention,
                         comm_cpu_bound_fraction=sharing.fraction if sharing else None,
-                        comm_cpu_bound_by_bytes=sharing.by_bytes if sharing else ())
+                        comm_cpu_bound_by_bytes=sharing.by_bytes if sharing else (),
+                        comm_cpu_stretch_by_level=sharing.by_level if sharing else ())
     if contention is not None and compute is not None:
         passes = _as_cluster(base_cluster, fits)
         fits = dataclasses.replace(fits, whole_step_factor=_whole_step(concurrent, passes),
@@ -381,6 +382,13 @@ def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: lis
     notes.append(f"collectives with more ranks than cores ({len(crowded)} timings) fitted "
                  f"the shared part of a collective's byte term u = {u.fraction.value:.2f} "
                  f"(p/c would be u = 1; by size: {curve or 'none'}), not the links")
+    if u.by_level:
+        table = "; ".join(f"{op} at {lv:g} ranks a core: " + ", ".join(
+            f"{n / 2**20:g} MiB x{st:.2f}" for x, n, st in rows if x == lv and n >= 2**20)
+            for op, rows in u.by_level for lv in sorted({r[0] for r in rows}))
+        notes.append(f"collectives swept at >= 2 crowding levels: the whole collective's "
+                     f"measured stretch by kind, level and size replaces u "
+                     f"(topology.comm_cpu_stretch_by_level; from 1 MiB: {table})")
     return links, u
 
 

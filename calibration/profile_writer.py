@@ -46,7 +46,7 @@ MEASURABLE_FIELDS = (
     "device.memory_overhead_fraction", "server.apply_GBps", "compute.core_contention",
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
-    "topology.comm_cpu_bound_by_bytes",
+    "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
 )
 
 
@@ -74,6 +74,9 @@ class MeasuredFits:
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
     comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()   # ... and u by size
+    # ... or, swept at >= 2 crowding levels, the whole collective's stretch by level and size
+    comm_cpu_stretch_by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]],
+                                     ...] = ()
     whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
     # CPU hosts: the two above for each workload whose whole steps were timed (>= 2 workloads)
     by_workload: tuple[WorkloadFits, ...] = ()
@@ -191,7 +194,12 @@ def _sharing_curve(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
         return {}
     curve = fits.comm_cpu_bound_by_bytes or (
         base.comm_cpu_bound_by_bytes if fits.comm_cpu_bound_fraction is None else ())
-    return {"comm_cpu_bound_by_bytes": [[n, round(u, 4)] for n, u in curve]} if curve else {}
+    out = {"comm_cpu_bound_by_bytes": [[n, round(u, 4)] for n, u in curve]} if curve else {}
+    if fits.comm_cpu_stretch_by_level:
+        out["comm_cpu_stretch_by_level"] = {
+            op: [[lv, n, round(st, 4)] for lv, n, st in rows]
+            for op, rows in fits.comm_cpu_stretch_by_level}
+    return out
 
 
 def _server_update_table(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
@@ -229,6 +237,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
             results.append(r)
     if fits.comm_cpu_bound_by_bytes:
         measured.append("topology.comm_cpu_bound_by_bytes")
+    if fits.comm_cpu_stretch_by_level:
+        measured.append("topology.comm_cpu_stretch_by_level")
     if fits.server_update is not None:
         measured.append("server.update")
         results += list(fits.server_update)

@@ -16,9 +16,11 @@ it feeds (calibration/from_store.py):
   `--quick` keeps one launch of two sweeps (the op list repeated: A, B, C, A, B, C).
   With several nodes, one more such run over all of them (it feeds inter_node).
 - collectives-shared (CPU hosts): one sweep of the ring collectives with twice as many ranks
-  as cores (4 on 2 cores), oversubscribed on purpose: it fits the part of a collective that
-  shares the cores (`topology.comm_cpu_bound_fraction`, calibration/fit_comm_sharing.py), which
-  the 4- and 8-rank held-out runs need; the links are fitted on the other launches.
+  as cores (4 on 2 cores) and one with four times (8), after each 2-rank launch, oversubscribed
+  on purpose (--quick: the 4-rank one only): they fit the part of a collective that shares the cores
+  (`topology.comm_cpu_bound_fraction`; with both levels the measured stretch by level and
+  size, `topology.comm_cpu_stretch_by_level`, calibration/fit_comm_sharing.py), which the 4-
+  and 8-rank held-out runs need; the links are fitted on the other launches.
 - compute: each workload's per-unit forward/backward times at a quarter, half and all of its
   batch size (>= 3 FLOP counts per unit, as the compute fit needs; the training runs use the
   whole batch, the top of the range), and its optimizer step.
@@ -75,9 +77,12 @@ COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "ping-pong")
 DEFAULT_WORKLOADS = {"cpu": ("cnn-small", "mlp", "transformer-small"),
                      "cuda": ("resnet50", "bert-large")}
 COLLECTIVE_LAUNCHES = 3             # full suite: launches of one sweep each, spread out
-# CPU hosts: one more sweep with twice as many ranks as cores, for the part of a collective
-# that shares the cores (calibration/fit_comm_sharing.py); ping-pong has no ring to share.
-SHARED_RANKS_PER_RANK = 2
+# CPU hosts: more sweeps with twice and four times as many ranks as cores, for the part of a
+# collective that shares the cores (calibration/fit_comm_sharing.py); ping-pong has no ring
+# to share. Two levels because the stretch did not grow as one law in p/c (2026-12-04: an
+# 8-rank all-reduce on 2 cores took 2.5x the unshared model at 1 MiB where 4 ranks took 2x,
+# 1.75x at 16 MiB where 4 ranks took 2.2x); the held-out runs reach 8 workers and 9 processes.
+SHARED_RANKS_PER_RANK = (2, 4)
 SHARED_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
@@ -176,12 +181,15 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
         # As many crowded sweeps as 2-rank launches, each right after one of them: one sweep
         # fitted comm_cpu_bound_fraction anywhere from 0.08 to 0.29 (± 0.04-0.08 each) in five
         # calibrations of 2026-12-03/04; the fit pools every crowded timing.
-        shared, n = ranks * SHARED_RANKS_PER_RANK, size.collective_launches
+        n = size.collective_launches
         for r in range(1, n + 1):
-            add("collectives-shared", f"collectives, {shared} ranks on {ranks} cores, 1 sweep "
-                f"of {', '.join(SHARED_OPS)}" + (f" ({r} of {n})" if n > 1 else ""),
-                {**_sweep(kind, size, shared, common), "ops": list(SHARED_OPS)}, r,
-                oversubscribe=True, optional=True)
+            for times in SHARED_RANKS_PER_RANK[:1] if quick else SHARED_RANKS_PER_RANK:
+                shared = ranks * times
+                add("collectives-shared" + (f"-x{times}" if times != 2 else ""),
+                    f"collectives, {shared} ranks on {ranks} cores, 1 sweep of "
+                    f"{', '.join(SHARED_OPS)}" + (f" ({r} of {n})" if n > 1 else ""),
+                    {**_sweep(kind, size, shared, common), "ops": list(SHARED_OPS)}, r,
+                    oversubscribe=True, optional=True)
     for w in names[:size.compute_workloads]:
         b = load_workload(w).batch_size
         batches = sorted({max(1, b // 4), max(1, b // 2), b})
@@ -234,15 +242,20 @@ def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:
     def kind(m: Measurement) -> str:
         return m.key.rsplit("-", 1)[0]
     launches = [m for m in rest if kind(m) == "collectives"]
-    crowded = [m for m in rest if kind(m) == "collectives-shared"]
+    crowded = [m for m in rest if kind(m).startswith("collectives-shared")]
     if len(launches) < 2:
         return rest
     first = [m for m in rest if m.key.startswith("collectives-nodes")]
     others = [m for m in rest if m not in launches and m not in crowded and m not in first]
     share = -(-len(others) // len(launches))        # ceil: every launch but the first follows
     chunks = [others[i * share:(i + 1) * share] for i in range(len(launches))]
+
+    def after(i: int) -> list[Measurement]:        # the crowded sweeps of launch i + 1
+        return [m for m in crowded if m.config["calibration"]["repeat"] == i + 1]
+    placed = [m for i in range(len(launches)) for m in after(i)]
     return first + [m for i, (launch, chunk) in enumerate(zip(launches, chunks, strict=True))
-                    for m in (launch, *crowded[i:i + 1], *chunk)] + crowded[len(launches):]
+                    for m in (launch, *after(i), *chunk)] + [m for m in crowded
+                                                             if m not in placed]
 
 
 def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:

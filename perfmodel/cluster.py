@@ -253,6 +253,12 @@ class ClusterProfile:
     # empty = this one value at every size).
     comm_cpu_bound_fraction: float = 1.0
     comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()
+    # Measured instead where calibration swept collectives at several crowding levels: per
+    # kind of collective, [[p/c, bytes, stretch], ...], the whole collective's time (latency
+    # steps included) over the unshared model's with p ranks on c cores, by level and size.
+    # Where present it replaces u (comm_cpu_share is then 1): see comm_cpu_stretch.
+    comm_cpu_stretch_by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]],
+                                     ...] = ()
     # Cores the node's compute runs on when its "devices" are CPU cores (a CPU host: every
     # busy process, workers and parameter servers alike, shares them); 0 = each device
     # computes on its own (GPUs), and compute is never stretched by core sharing.
@@ -283,10 +289,43 @@ class ClusterProfile:
         calibration measured it (`comm_cpu_bound`)."""
         per_node = min(workers, self.devices_per_node)
         cores = self.comm_cpu_cores_per_node
-        if not cores or per_node <= cores:
+        if not cores or per_node <= cores or self.comm_cpu_stretch_by_level:
             return 1.0
         u = self.comm_cpu_bound(nbytes)
         return 1.0 - u + u * per_node / cores
+
+    def comm_cpu_stretch(self, workers: int, nbytes: float, op: str = "all-reduce") -> float:
+        """How much longer a whole CPU-driven collective `op` of `nbytes` over `workers` ranks
+        takes than the unshared model, from the measured table (comm_cpu_stretch_by_level;
+        the kind's own, else all-reduce's): at each measured level p/c its curve by size
+        (log-interpolated, flat beyond its ends); between levels, and from 1 at p/c = 1,
+        linear in p/c; flat beyond the largest level measured. 1 without the table or when
+        the ranks fit the cores.
+
+        Why measured by level and kind: on a 2-core host the stretch did not follow one
+        u·(p/c − 1) law (an all-reduce took ~2x the unshared model at 1 MiB and 4 ranks,
+        ~5x at 8), and gloo's all-gather and reduce-scatter, already 2.5x and 5.8x the ring
+        model at 2 ranks, stretched far less (calibration/fit_comm_sharing.py)."""
+        per_node = min(workers, self.devices_per_node)
+        cores = self.comm_cpu_cores_per_node
+        if not self.comm_cpu_stretch_by_level or not cores or per_node <= cores:
+            return 1.0
+        kinds = dict(self.comm_cpu_stretch_by_level)
+        rows = kinds.get(op) or kinds.get("all-reduce")
+        if not rows:
+            return 1.0
+        x = per_node / cores
+        levels = sorted({row[0] for row in rows})
+        points = [(1.0, 1.0)] + [
+            (lv, interpolate_log(tuple((n, st) for level, n, st in rows if level == lv),
+                                 max(nbytes, 1.0)))
+            for lv in levels]
+        if x >= points[-1][0]:
+            return points[-1][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if x <= x1:
+                return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+        return points[-1][1]
 
     def compute_share(self, busy: float, workload: str | None = None) -> float:
         """How much slower a process computes while `busy` processes (itself included;
@@ -314,6 +353,39 @@ class ClusterProfile:
 
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+
+
+def _stretch_table(f: Fields) -> tuple[tuple[str, tuple[tuple[float, float, float], ...]],
+                                         ...]:
+    """[topology.comm_cpu_stretch_by_level]: per collective kind, [[p/c > 1, bytes > 0,
+    stretch > 0], ...], each level's sizes increasing; () where absent."""
+    key = "comm_cpu_stretch_by_level"
+    if not f.has(key):
+        return ()
+    table = f.data[key]
+    where = f"{f.path}: field '{f.prefix}{key}'"
+    if not isinstance(table, dict) or not table:
+        raise PerfmodelError(f"{where} must be a table of collective kinds")
+    out = []
+    for op, value in table.items():
+        at = f"{f.path}: field '{f.prefix}{key}.{op}'"
+        ok = isinstance(value, list) and value and all(
+            isinstance(r, list) and len(r) == 3 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in r) for r in value)
+        if not ok:
+            raise PerfmodelError(f"{at} must be a list of [ranks per core, bytes, stretch] "
+                                 f"rows of finite numbers")
+        rows = tuple((float(a), float(b), float(c)) for a, b, c in value)
+        if any(a <= 1 or b <= 0 or c <= 0 for a, b, c in rows):
+            raise PerfmodelError(f"{at}: ranks per core must exceed 1, bytes and stretch be "
+                                 f"positive")
+        for level in {a for a, _, _ in rows}:
+            sizes = [b for a, b, _ in rows if a == level]
+            if any(y <= x for x, y in zip(sizes, sizes[1:], strict=False)):
+                raise PerfmodelError(f"{at}: sizes must increase within level {level:g}")
+        out.append((str(op), rows))
+    return tuple(out)
 
 
 def _link(f: Fields, nested: bool = False) -> Link:
@@ -392,6 +464,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
         comm_cpu_bound_by_bytes=(f.table("topology").curve("comm_cpu_bound_by_bytes",
                                                            allow_zero=True)
                                  if f.table("topology").has("comm_cpu_bound_by_bytes") else ()),
+        comm_cpu_stretch_by_level=_stretch_table(f.table("topology")),
         compute_cpu_cores_per_node=f.table("topology").integer("compute_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),

@@ -188,14 +188,18 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     crowded = [m for m in full if m.key.startswith("collectives-shared")]
     launches = [m for m in full if m.config["kind"] == "collectives" and m not in crowded]
     assert [m.optional for m in launches] == [False, True, True]
-    # a sweep with twice as many ranks as cores (core sharing), ring collectives only, right
-    # after each 2-rank launch (one sweep's fit varied 0.08-0.29 between calibrations)
-    assert len(crowded) == len(launches) == 3
+    # sweeps with twice and four times as many ranks as cores (core sharing at two crowding
+    # levels), ring collectives only, right after each 2-rank launch (one sweep's fit varied
+    # 0.08-0.29 between calibrations; one u did not hold from 4 to 8 ranks)
+    assert len(crowded) == 2 * len(launches) == 6
+    assert [m.nproc for m in crowded] == [4, 8] * 3
     for shared in crowded:
-        assert shared.nproc == 4 and shared.oversubscribe and shared.optional
+        assert shared.oversubscribe and shared.optional
         assert shared.config["ops"] == ["all-reduce", "all-gather", "reduce-scatter"]
-        assert full[full.index(shared) - 1] in launches
-    assert len([m for m in quick if m.key.startswith("collectives-shared")]) == 1
+        before = full[full.index(shared) - (1 if shared.nproc == 4 else 2)]
+        assert before in launches
+        assert before.config["calibration"]["repeat"] == shared.config["calibration"]["repeat"]
+    assert [m.nproc for m in quick if m.key.startswith("collectives-shared")] == [4]
     assert not any(m.key.startswith("collectives-shared")
                    for m in build_suite("cuda", suite="x", ranks=8))
     from calibration.suite import comparable as same

@@ -22,6 +22,7 @@ from calibration.fit_comm_sharing import (
     byte_term_s,
     fit_comm_cpu_bound_fraction,
     fit_comm_sharing,
+    fit_stretch_by_level,
     unshared_s,
 )
 from calibration.fit_network import CollectiveSample
@@ -219,3 +220,84 @@ def test_u_by_size_is_written_read_back_and_checked(tmp_path):
     data["topology"]["comm_cpu_bound_by_bytes"] = [[1e6, 0.0], [2e6, 1.2]]
     with pytest.raises(PerfmodelError, match=r"must lie in \[0, 1\]"):
         parse_profile(data, tmp_path / "bad.toml")
+
+
+# ---------------------------------------------------------------- the stretch by level
+
+ROWS = ((2.0, 1e6, 2.0), (2.0, 1.6e7, 2.2), (4.0, 1e6, 2.5), (4.0, 1.6e7, 1.75))
+TABLE = (("all-reduce", ROWS), ("all-gather", ((2.0, 1e6, 1.2), (4.0, 1e6, 1.4))))
+
+
+def leveled(table=TABLE):
+    return dataclasses.replace(host(0.5), comm_cpu_stretch_by_level=table)
+
+
+def test_the_measured_stretch_is_read_by_level_and_size_and_replaces_u():
+    c = leveled()
+    assert c.comm_cpu_stretch(2, 1e6) == 1.0 and c.comm_cpu_stretch(1, 1e6) == 1.0
+    assert c.comm_cpu_stretch(4, 1e6) == pytest.approx(2.0)       # a measured point
+    assert c.comm_cpu_stretch(8, 1.6e7) == pytest.approx(1.75)
+    assert c.comm_cpu_stretch(8, 1e3) == pytest.approx(2.5)       # flat below the sizes
+    assert c.comm_cpu_stretch(4, 4e6) == pytest.approx(2.1)       # halfway in log size
+    assert c.comm_cpu_stretch(3, 1e6) == pytest.approx(1.5)       # 1 at p/c = 1 to 2.0 at 2
+    assert c.comm_cpu_stretch(6, 1e6) == pytest.approx(2.25)      # between the levels
+    assert c.comm_cpu_stretch(16, 1e6) == pytest.approx(2.5)      # flat beyond the last level
+    assert c.comm_cpu_share(8, 1e6) == 1.0                        # u no longer applies
+    assert host(0.5).comm_cpu_stretch(8, 1e6) == 1.0              # no table: u's model
+    assert c.comm_cpu_stretch(8, 1e6, "all-gather") == pytest.approx(1.4)    # its own kind
+    assert c.comm_cpu_stretch(6, 1e6, "all-gather") == pytest.approx(1.3)
+    assert c.comm_cpu_stretch(8, 1e6, "reduce-scatter") == pytest.approx(2.5)   # all-reduce's
+    for op in OPS:        # the whole collective, latency steps included, stretches
+        for n in (0.0, 1e6, 1.6e7):
+            plain = dataclasses.replace(c, comm_cpu_stretch_by_level=(),
+                                        comm_cpu_bound_fraction=0.0, comm_cpu_bound_by_bytes=())
+            assert collective_s(op, c, 8, n) == pytest.approx(
+                collective_s(op, plain, 8, n) * c.comm_cpu_stretch(8, n, op))
+
+
+def _stretched_sweep(table, ranks, rng):
+    """Timings whose whole time is the unshared model's times the table's stretch."""
+    truth = leveled(table)
+    return [dataclasses.replace(s, time_s=unshared_s(truth, s) * truth.comm_cpu_stretch(
+        s.ranks, s.bytes, s.op) * (1 + NOISE * rng.normal())) for s in sweep(truth, ranks, rng)]
+
+
+def test_the_fit_recovers_the_stretch_at_each_level_and_needs_two_levels():
+    rng = np.random.default_rng(17)
+    crowded = [s for _ in range(3) for s in _stretched_sweep(TABLE, (4, 8), rng)]
+    table = fit_stretch_by_level(crowded, leveled(()), CORES)
+    assert [op for op, _ in table] == sorted(OPS)
+    assert all({lv for lv, _, _ in rows} == {2.0, 4.0} for _, rows in table)
+    fitted = leveled(table)
+    for op in OPS:
+        for ranks in (4, 6, 8):
+            for n in (2.0 ** 20, 2.0 ** 22, 2.0 ** 24):
+                # the median of 3 timings at 3 % noise: within 8 % (4.6 sigma of one) of
+                # the truth, which the sweep's sizes (powers of 2) log-interpolate
+                assert fitted.comm_cpu_stretch(ranks, n, op) == pytest.approx(
+                    leveled().comm_cpu_stretch(ranks, n, op), rel=0.08)
+    four_only = [s for s in crowded if s.ranks == 4]
+    assert fit_stretch_by_level(four_only, leveled(()), CORES) == ()
+    assert fit_comm_sharing(crowded, leveled(()), CORES).by_level == table
+
+
+def test_the_stretch_table_is_written_read_back_and_checked(tmp_path):
+    base = load_cluster("local")
+    info = RunInfo(host="h", device_names=("CPU core",), versions="torch", runs=1,
+                   date="2026-12-04T00:00:00+00:00")
+    fit = fit_comm_cpu_bound_fraction(sweep(host(TRUE_U), (4,), np.random.default_rng(5)),
+                                      host(TRUE_U), CORES)
+    data = build_profile("local", base, MeasuredFits(comm_cpu_bound_fraction=fit,
+                                                     comm_cpu_stretch_by_level=TABLE), info)
+    assert parse_profile(data, tmp_path / "p.toml").comm_cpu_stretch_by_level == TABLE
+    assert data["topology"]["comm_cpu_stretch_by_level"]["all-gather"] == [[2.0, 1e6, 1.2],
+                                                                           [4.0, 1e6, 1.4]]
+    assert "topology.comm_cpu_stretch_by_level" in data["calibration"]["measured"]
+    plain = build_profile("local", base, MeasuredFits(comm_cpu_bound_fraction=fit), info)
+    assert "comm_cpu_stretch_by_level" not in plain["topology"]
+    assert parse_profile(plain, tmp_path / "q.toml").comm_cpu_stretch_by_level == ()
+    for bad, says in (([[1.0, 1e6, 2.0]], "must exceed 1"), ([[2.0, 1e6]], "rows"),
+                      ([[2.0, 2e6, 2.0], [2.0, 1e6, 2.0]], "sizes must increase")):
+        data["topology"]["comm_cpu_stretch_by_level"] = {"all-reduce": bad}
+        with pytest.raises(PerfmodelError, match=f"comm_cpu_stretch_by_level.all-reduce.*{says}"):
+            parse_profile(data, tmp_path / "bad.toml")

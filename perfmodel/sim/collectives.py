@@ -35,6 +35,9 @@ term n·β takes p/c times as long (processor sharing; `ClusterProfile.comm_cpu_
 latency steps (waits for wake-ups and peers) do not share. u grows with the message size
 where measured (topology.comm_cpu_bound_by_bytes): on 2 cores, 4 ranks' byte term stretched
 by u = 0.1-0.3 at 2-4 MiB and 0.4-0.6 at 8-16 MiB (calibration/fit_comm_sharing.py).
+Where calibration swept several crowding levels (topology.comm_cpu_stretch_by_level) the
+measured stretch of the whole collective by kind, level and size replaces u
+(`ClusterProfile.comm_cpu_stretch`), applied with the kind's time factor.
 
 Implementations that are no ring (gloo's reduce-scatter, say) are carried by a measured
 `Link.time_factor_by_op`: the kind's time over the α–β ring model fitted on all-reduce
@@ -112,10 +115,11 @@ def _beta(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
     return beta
 
 
-def _op_factor(cluster: ClusterProfile, workers: int, op: str) -> float:
-    """The measured time factor of `op` on the bottleneck link."""
+def _op_factor(cluster: ClusterProfile, workers: int, op: str, nbytes: float) -> float:
+    """The measured time factor of `op` on the bottleneck link, times the measured stretch
+    of the whole collective where its ranks outnumber a CPU host's cores."""
     link = cluster.intra_node if _nodes(cluster, workers) == 1 else cluster.inter_node
-    return link.time_factor(op)
+    return link.time_factor(op) * cluster.comm_cpu_stretch(workers, nbytes, op)
 
 
 def _bytes_s(cluster: ClusterProfile, workers: int, nbytes: float, byte_seconds: float) -> float:
@@ -146,7 +150,7 @@ def allreduce_s(cluster: ClusterProfile, workers: int, nbytes: float,
                                                                           "tree"))
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    factor = _op_factor(cluster, p, "all-reduce")
+    factor = _op_factor(cluster, p, "all-reduce", nbytes)
     if algorithm == "ring":
         latency = _ring_latency(cluster, p, *ring_steps("all-reduce", p, k))
         return (latency + _bytes_s(cluster, p, nbytes, 2 * (p - 1) / p * nbytes * beta)) * factor
@@ -163,7 +167,8 @@ def _half_ring_s(cluster: ClusterProfile, workers: int, nbytes: float, op: str) 
         return 0.0
     latency = _ring_latency(cluster, p, *ring_steps(op, p, _nodes(cluster, p)))
     byte_seconds = (p - 1) / p * nbytes * _beta(cluster, p, nbytes)
-    return (latency + _bytes_s(cluster, p, nbytes, byte_seconds)) * _op_factor(cluster, p, op)
+    return (latency + _bytes_s(cluster, p, nbytes, byte_seconds)) \
+        * _op_factor(cluster, p, op, nbytes)
 
 
 def allgather_s(cluster: ClusterProfile, workers: int, nbytes: float) -> float:
@@ -188,7 +193,7 @@ def broadcast_s(cluster: ClusterProfile, workers: int, nbytes: float,
         return 0.0
     k = _nodes(cluster, p)
     beta = _beta(cluster, p, nbytes)
-    factor = _op_factor(cluster, p, "broadcast")
+    factor = _op_factor(cluster, p, "broadcast", nbytes)
     if algorithm == "ring":
         return (_ring_latency(cluster, p, *ring_steps("broadcast", p, k))
                 + _bytes_s(cluster, p, nbytes, nbytes * beta)) * factor
