@@ -60,6 +60,9 @@ class ComputeFit:
     curve_fitted: bool                               # False: one constant efficiency
     backward_time_ratio: FitResult | None            # check of backward_flops_ratio
     by_phase: dict[str, Residual]
+    # (precision key, TFLOPS): the device peak raised to the best rate the units reached,
+    # where the base profile's peak was an estimate they beat (fit_compute's raise_peak)
+    raised_peak: tuple[str, float] | None = None
 
     @property
     def results(self) -> tuple[FitResult, ...]:
@@ -68,11 +71,16 @@ class ComputeFit:
 
 
 def fit_compute(timings: Sequence[UnitTiming], flops_per_sample: Mapping[str, float], *,
-                peak_TFLOPS: float, backward_flops_ratio: float = 2.0) -> ComputeFit:
+                peak_TFLOPS: float, backward_flops_ratio: float = 2.0,
+                raise_peak: str | None = None) -> ComputeFit:
     """Fit overhead, achieved rate and efficiency curve from unit pass timings.
 
     `flops_per_sample` maps unit name → forward FLOPs per sample (the workload file's
     forward_flops_per_sample); `peak_TFLOPS` is the device peak for the workload's precision.
+    Units faster than that peak are an error (a wrong base profile), unless `raise_peak`
+    names the precision key of a peak that is only an estimate (a CPU core, whose clock
+    boosts past the one its spec assumed): then the peak becomes the best rate reached
+    (`ComputeFit.raised_peak`) and the efficiencies are relative to it.
     """
     if peak_TFLOPS <= 0:
         raise PerfmodelError(f"device.peak_TFLOPS must be > 0, got {peak_TFLOPS}")
@@ -88,6 +96,9 @@ def fit_compute(timings: Sequence[UnitTiming], flops_per_sample: Mapping[str, fl
                            names=("compute.overhead_us_per_unit", "compute.efficiency_by_flops"),
                            what=what, bin_decades=FLOPS_BIN_DECADES)
     best = fit.rate / (peak_TFLOPS * 1e12)
+    raised = None
+    if best > 1.0 and raise_peak:
+        raised, best = (raise_peak, fit.rate / 1e12), 1.0
     if best > 1.0:
         raise PerfmodelError(
             f"compute.efficiency_by_flops: the units reach {fit.rate / 1e12:.4g} TFLOP/s, "
@@ -103,6 +114,7 @@ def fit_compute(timings: Sequence[UnitTiming], flops_per_sample: Mapping[str, fl
         curve_fitted=fit.curve_kept,
         backward_time_ratio=_backward_ratio(timings, times, fit.latency),
         by_phase={p: Residual.of(fit.rel[phases == p]) for p in PHASES if (phases == p).any()},
+        raised_peak=raised,
     )
 
 

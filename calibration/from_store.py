@@ -408,8 +408,15 @@ def _compute(runs, base: ClusterProfile, notes: list[str]):
     if skipped:
         notes.append(f"left out units without FLOPs: {', '.join(sorted(skipped))}")
     peak = base.device.peak_TFLOPS.get(key, base.device.peak_TFLOPS["fp32"])
+    estimate = key if base.compute_cpu_cores_per_node else None    # a CPU core's peak
     fit = _hinted("compute", lambda: fit_compute(
-        timings, flops, peak_TFLOPS=peak, backward_flops_ratio=base.compute.backward_flops_ratio))
+        timings, flops, peak_TFLOPS=peak, backward_flops_ratio=base.compute.backward_flops_ratio,
+        raise_peak=estimate))
+    if fit.raised_peak:
+        rate = fit.raised_peak[1]
+        notes.append(f"device.peak_TFLOPS.{key} raised from {peak:g} to {rate:.4g}: the units "
+                     f"reached {rate / peak:.3f}x the base profile's estimate (a CPU core's "
+                     f"clock above the one it assumed)")
     state, grads, seconds = [], [], []
     for r in groups[key]:
         step_s = _summary(r, "optimizer_step_s")

@@ -121,6 +121,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
     }
     if fits.memory is not None:
         device["memory_overhead_fraction"] = fits.memory.overhead_fraction.value
+    if fits.compute is not None and fits.compute.raised_peak:
+        key, tflops = fits.compute.raised_peak
+        device["peak_TFLOPS"][key] = tflops
     c, cf = base.compute, fits.compute
     compute = {
         "efficiency_by_flops": _curve(c.efficiency_by_flops if cf is None

@@ -285,6 +285,15 @@ def test_compute_above_the_device_peak_names_the_peak():
     timings = unit_timings(truth, np.random.default_rng(3))
     with pytest.raises(PerfmodelError, match="device.peak_TFLOPS"):
         fit_compute(timings, UNITS, peak_TFLOPS=0.02)
+    # a CPU core's peak is an estimate: raised to the best rate reached, the times unchanged
+    raised = fit_compute(timings, UNITS, peak_TFLOPS=0.02, raise_peak="fp32")
+    exact = fit_compute(timings, UNITS, peak_TFLOPS=1.0)
+    assert raised.raised_peak == ("fp32", pytest.approx(exact.achieved_TFLOPS.value))
+    assert max(e for _, e in raised.efficiency_by_flops) == pytest.approx(1.0, abs=1e-3)
+    assert exact.raised_peak is None
+    for (_, e), (_, e1) in zip(raised.efficiency_by_flops, exact.efficiency_by_flops,
+                               strict=True):
+        assert e * raised.raised_peak[1] == pytest.approx(e1 * 1.0, rel=1e-3)
 
 
 def test_compute_needs_three_flop_counts_and_known_units():
