@@ -23,6 +23,13 @@ apply on every server (a server answers a worker in order), so one cycle = pull 
 push + apply queue + apply, and where one link direction or the apply is the bottleneck,
 exact mean-value analysis (mva.py) predicts async-ps throughput.
 
+A CPU host's server (psnet.serial_server: measure/runs/ps.py's one thread) replies as part of
+the apply: receive a push, apply, reply at once to every worker the apply frees - the pusher,
+and under SSP everyone the slowest worker's push releases, in worker order - then receive
+the next push (`serial_worker`, `_serve_push`, `_ready_after`: the real server's clocks). So
+a reply never queues behind pushes that arrived during its apply, and a straggler whose push
+releases the others gets its own reply last when it has the highest rank.
+
 - async-ps (Dean et al. 2012, Downpour SGD): a server applies each gradient on arrival.
   Staleness = server 0's version when applying - its version when the worker pulled
   (Zhang et al. 2016); every worker updates every server once a step, so server 0 speaks
@@ -40,7 +47,8 @@ between a worker and a server.
 
 Events: a transfer is arithmetic on when its link directions are next free (no event of
 its own); a worker waits on one event per pull (all shards), one per compute and one per push-and-
-apply (all shards); FCFS applies are arithmetic, not a simpy.Resource.
+apply (all shards; on a serial server the push, apply and the next pull are one event); FCFS
+applies are arithmetic, not a simpy.Resource.
 
 Assumptions to know:
 - Workers draw steps from a shared budget of workers x steps mini-batches (a shared data
@@ -320,11 +328,20 @@ class _PSRun:
         self.at_clock = Counter({0: scenario.workers})
         self.slowest = 0
         self.unblock: dict[int, simpy.Event] = {}             # slowest clock -> waiters
+        # serial servers (async/ssp): each server's clocks, as measure/runs/ps.py keeps them
+        n = scenario.workers
+        self.srv_clock = [[0] * n for _ in self.servers]
+        self.srv_at_clock = [Counter({0: n}) for _ in self.servers]
+        self.srv_slowest = [0] * len(self.servers)
+        self.srv_held: list[set[int]] = [set() for _ in self.servers]
+        self.pending: list[list | None] = [None] * n      # w -> its next pull's state
         self.barrier = env.event()                            # sync-ps: this step's release
         self.released: list[float] = []                       # sync-ps: each server's release
 
     def go(self, worker) -> None:
-        """Simulate every worker to the end."""
+        """Simulate every worker to the end (async/ssp on serial servers: serial_worker)."""
+        if worker == self.async_worker and self.layout.serial_server:
+            worker = self.serial_worker
         for w in range(self.workers):
             self.env.process(worker(w))
         with quiet_gc():
@@ -348,9 +365,11 @@ class _PSRun:
             return (None, None, 0.0, 0.0, nbytes)
         return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes)
 
-    def send(self, w: int, i: int, kind: str, routes: list) -> float:
+    def send(self, w: int, i: int, kind: str, routes: list, start_s: float | None = None
+             ) -> float:
         """Carry one message between worker w and server position i (`routes`: this kind's
-        cache); the time it arrives.
+        cache), posted now or at `start_s` (later: a serial server's reply booked with the
+        push it answers); the time it arrives.
 
         Every link direction (a NIC's out or in, a device link's out or in) carries one
         message at a time, first come first served: a NIC sends the messages posted by its
@@ -366,7 +385,7 @@ class _PSRun:
         if route is None:
             route = routes[key] = self._route(w, i, kind)
         out, into, seconds, latency, nbytes = route
-        now = self.env._now
+        now = self.env._now if start_s is None else start_s
         at = now
         if out is not None:
             carry_s = seconds if self.service is None else self.service(seconds)
@@ -501,6 +520,117 @@ class _PSRun:
             self._completed(w)
             step, ready = step + 1, env.now
 
+    def serial_worker(self, w: int):
+        """async-ps and ssp-ps on serial servers (a CPU host: measure/runs/ps.py serve_async,
+        one thread per server). A server receives a push, applies it, and at once replies to
+        every worker the apply leaves free to go on - the pusher, and under SSP whoever the
+        slowest worker's apply releases - in worker order, before it receives the next push.
+        So the reply is booked with the push it answers (`_serve_push`): booked when the
+        worker asks, after the apply, it would queue behind every push that arrived during
+        the apply, which the real server receives only after replying."""
+        env, step, ready = self.env, 0, self.env.now
+        if self.budget == 0:
+            return
+        self.budget -= 1
+        pull = self._expect_pull(w)
+        for i in range(self.nservers):      # the first parameters, in worker order at t = 0
+            self._reply(i, w, env._now)
+        while True:
+            t_pull, read = yield pull
+            t_compute = env.now
+            yield env.timeout(self.compute.seconds(w, step))
+            t_push = env.now
+            if self.compute_spans is not None:
+                self.compute_spans[w].append((t_compute, t_push))
+            more = self.budget > 0
+            if more:
+                self.budget -= 1
+                pull = self._expect_pull(w)
+            else:
+                self.pending[w] = None
+            pushed, applied, end = self._serve_push(w, more)
+            self._record(w, step, ready, t_pull, t_compute, t_push, pushed, read, applied,
+                         end)
+            if not more:
+                return
+            step, ready = step + 1, end
+
+    def _expect_pull(self, w: int) -> simpy.Event:
+        """w's next pull: fires when every server's reply has arrived, with (when server 0
+        began sending it, server 0's version in it)."""
+        event = Event(self.env)
+        self.pending[w] = [event, self.nservers, 0.0, 0.0, 0]
+        return event
+
+    def _reply(self, i: int, w: int, start_s: float) -> None:
+        """Server position i sends its shard to worker w, from `start_s` on its one slot
+        (after w's last push: a reply nobody computes on, which still holds the slot)."""
+        at = self.send(w, i, "pull", self.pull_routes, start_s)
+        p = self.pending[w]
+        if p is None:
+            return
+        p[1] -= 1
+        if at > p[2]:
+            p[2] = at
+        if i == 0:
+            p[3], p[4] = start_s, self.server0.started
+        if p[1] == 0:
+            _fire_at(self.env, p[0], p[2], (p[3], p[4]))
+
+    def _serve_push(self, w: int, more: bool) -> tuple[float, int, float]:
+        """w's push to every serial server: receive, apply (FCFS), then the replies its
+        clocks allow (`_ready_after`); (last arrival, server 0's version applied, last apply's
+        end). `more`: w goes on to another step (else it leaves the clocks)."""
+        arrival = last_end = self.env._now
+        version0 = 0
+        for i, server in enumerate(self.servers):
+            at = self.send(w, i, "push", self.push_routes)
+            end, version = server.apply(self._after_slot(i, at), self._service(server.apply_s))
+            if i == 0:
+                version0 = version
+            self._hold_slot(i, end)
+            for v in self._ready_after(i, w, more):
+                self._reply(i, v, end)
+            if at > arrival:
+                arrival = at
+            if end > last_end:
+                last_end = end
+        return arrival, version0, last_end
+
+    def _ready_after(self, i: int, w: int, more: bool) -> list[int]:
+        """Server position i's clocks after w's push (measure/runs/ps.py: clocks, held,
+        `ready = sorted(...)`): the workers it replies to now, in worker order. Async: w.
+        SSP: w unless it is more than s pushes ahead of the slowest, and whoever the
+        slowest's push releases. A worker's last push (`more` false) is answered at once (the
+        real worker waits for that reply too) and it stops counting as the slowest."""
+        clocks, at_clock, held = self.srv_clock[i], self.srv_at_clock[i], self.srv_held[i]
+        c = clocks[w]
+        clocks[w] = c + 1
+        at_clock[c] -= 1
+        if more:
+            at_clock[c + 1] += 1
+        if self.bound is None:
+            return [w]
+        slowest = self.srv_slowest[i]
+        while at_clock and at_clock[slowest] == 0:
+            del at_clock[slowest]
+            slowest += 1
+        if not at_clock:
+            slowest = float("inf")
+        moved = slowest != self.srv_slowest[i]
+        self.srv_slowest[i] = slowest
+        if more:
+            held.add(w)
+        if not moved:
+            if more and clocks[w] - slowest <= self.bound:
+                held.discard(w)
+            return [] if w in held else [w]
+        ready = [v for v in held if clocks[v] - slowest <= self.bound]
+        held.difference_update(ready)
+        if not more:
+            ready.append(w)
+        return sorted(ready)
+
     def sync_worker(self, w: int):
         env = self.env
         for step in range(self.steps_each):
@@ -516,8 +646,10 @@ class _PSRun:
             applied = yield barrier
             self._record(w, step, ready, t_pull, t_compute, t_push, pushed[0], read, applied)
 
-    def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied):
-        end = self.env._now
+    def _record(self, w, step, ready, t_pull, t_compute, t_push, pushed, read, applied,
+                end=None):
+        if end is None:
+            end = self.env._now
         self.step_records.append((                    # worker, step, start_s, end_s,
             w, step, ready, end, t_push - t_compute,  # compute_s, comm_exposed_s, wait_s
             (t_compute - t_pull) + (pushed - t_push), (t_pull - ready) + (end - pushed)))
