@@ -20,7 +20,7 @@ from typing import Any
 from calibration.from_store import fit_from_runs
 from calibration.pool import PooledStore, PoolSource
 from calibration.profile_writer import write_profile
-from calibration.suite import Measurement, matching_runs, reusable_run
+from calibration.suite import Measurement, newest_runs, reusable_run
 from measure import session
 from measure.protocol import RunProtocol
 from measure.session import NoProgress, Progress
@@ -112,17 +112,14 @@ def pool_sources(suite: Sequence[Measurement], stores: Sequence[Store], *, host:
     error naming a store that lacks some."""
     out = []
     for store in stores:
-        stored = store.list_runs()
-        newest = {m.key: [r.id for r in matching_runs(stored, m) if r.host == host][-1:]
-                  for m in suite if not m.multinode}
-        missing = [m.label for m in suite if not m.multinode and not newest[m.key]
-                   and not getattr(m, "optional", False)]
-        if missing:
+        found = newest_runs(store.list_runs(), [m for m in suite if not m.multinode],
+                            host=host)
+        if found.missing:
             raise PerfmodelError(
-                f"--pool {store.path}: {len(missing)} of this suite's runs are not stored "
-                f"there from this host ({host}), e.g. {missing[0]}; pool a store calibrated "
-                f"with the same options here")
-        out.append(PoolSource(store, tuple(i for ids in newest.values() for i in ids)))
+                f"--pool {store.path}: {len(found.missing)} of this suite's runs are not "
+                f"stored there from this host ({host}), e.g. {found.missing[0]}; pool a store "
+                f"calibrated with the same options here")
+        out.append(PoolSource(store, found.ids))
     return out
 
 

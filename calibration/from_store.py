@@ -76,7 +76,7 @@ from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import fit_server_apply, fit_server_update
 from calibration.hardware import detect, shipped_profile
-from calibration.pool import PooledStore
+from calibration.pool import ID_STRIDE, SAME_MACHINE_RATIO, PooledStore
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
 from calibration.selfcheck import (
     SelfCheck,
@@ -171,6 +171,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if isinstance(store, PooledStore) and len(store.sources) > 1:
         notes.append(f"pooled set A of {len(store.sources)} stores (calibration/pool.py): "
                      + "; ".join(store.describe()))
+        notes.append(_one_machine(store, [store.get_run(int(i))
+                                          for i in dict.fromkeys(run_ids)]))
     failed = [r.row.id for r in runs if r.row.status != "ok"]
     if failed:
         notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")
@@ -252,6 +254,38 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                        run_ids=tuple(r.row.id for r in runs), notes=tuple(notes),
                        checks=checks, by_op=by_op, self_checks=self_checks,
                        spread_warning=spread_warning)
+
+
+def _one_machine(store: PooledStore, runs) -> str:
+    """Refuse to pool stores measured on different machines; else a note of how close they
+    are. Each store's per-unit compute timings (its compute runs, one process alone) are
+    compared with the first store's, unit by unit: the median ratio must lie within
+    SAME_MACHINE_RATIO either way (calibration/pool.py says why and where the bound comes
+    from). Stores without common unit timings cannot be compared and are not refused."""
+    medians: list[dict[tuple, float]] = [{} for _ in store.sources]
+    for r in runs:
+        if r.row.kind != "compute" or _is_concurrent(r):
+            continue
+        k = r.row.id // ID_STRIDE
+        for t in unit_timings([r])[0]:
+            medians[k][(t.unit, t.phase, t.batch_size)] = t.median_s
+    ratios = []
+    for k in range(1, len(store.sources)):
+        common = sorted(set(medians[0]) & set(medians[k]))
+        if not common:
+            continue
+        ratio = float(np.median([medians[k][c] / medians[0][c] for c in common]))
+        if max(ratio, 1 / ratio) > SAME_MACHINE_RATIO:
+            raise PerfmodelError(
+                f"--pool {store.sources[k].store.path}: its compute took {ratio:.2f}x as long "
+                f"as in {store.sources[0].store.path} (median over {len(common)} unit "
+                f"timings; sessions of one machine agree within {SAME_MACHINE_RATIO:.2f}x): "
+                f"it was measured on another machine, and a pooled fit would fit neither; "
+                f"pool only stores measured on this one")
+        ratios.append(ratio)
+    shown = ", ".join(f"{x:.2f}" for x in ratios) or "none comparable"
+    return (f"pooled stores' compute against the first's (median unit-timing ratio; one "
+            f"machine within {SAME_MACHINE_RATIO:.2f}x): {shown}")
 
 
 def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]

@@ -8,6 +8,12 @@ configurations; up to 22 %), more than the measured configurations themselves di
 those sessions (benchmarks/calibration_stability.py). Fitting the calibration runs of k
 sessions together averages that state out: three pooled sessions spread 3 %.
 
+Only stores of one machine pool: a VM restarted on other hardware computes at another rate
+(the VM of 2026-12-05 ran the same units in 0.5-0.65x the time of the one before), and a
+pooled fit would take its best compute rate from one and its medians from both.
+`calibrate_runs` compares each store's per-unit compute timings with the first's and
+refuses a store beyond SAME_MACHINE_RATIO.
+
 `PooledStore` shows the runs of the first store under their own ids and those of the k-th
 further store (k = 1, 2, ...) as k * ID_STRIDE + id, so every pooled run keeps a unique id
 that says where it came from (`describe`). It offers what the fit reads (`get_run`); nothing
@@ -23,6 +29,13 @@ from measure.store import Run, Store
 from perfmodel.errors import PerfmodelError
 
 ID_STRIDE = 1_000_000      # pooled id = source * ID_STRIDE + the run's id in its store
+# Stores whose per-unit compute timings differ by more than this (median ratio, either way)
+# are from different machines and are not pooled (calibration/from_store.py `_one_machine`).
+# Where the bound comes from (set A only, 78 common unit timings a pair): the five sessions
+# of reports 9-13 (one 2-core VM, 2026-12-04) took 0.956-1.029x each other's timings, every
+# pair; the VM of 2026-12-05 (report 15's set A) took 0.616-0.682x theirs. 1.2 lies between,
+# four times the same-machine spread away from 1.
+SAME_MACHINE_RATIO = 1.2
 
 
 @dataclasses.dataclass(frozen=True)

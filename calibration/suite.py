@@ -309,6 +309,35 @@ def matching_runs(stored, m: Measurement) -> list:
             and comparable(r.config) == want]
 
 
+@dataclass(frozen=True)
+class NewestRuns:
+    """The newest stored run of every measurement of a suite (`newest_runs`)."""
+
+    ids: tuple[int, ...]                # one per measurement found, in suite order
+    labels: tuple[str, ...]             # their labels
+    missing: tuple[str, ...]            # labels of required measurements with no run
+    elsewhere: tuple[str, ...]          # hosts that hold runs of the missing ones
+
+
+def newest_runs(stored, suite, *, host: str, any_host: bool = False) -> NewestRuns:
+    """The newest successful stored run (store.list_runs rows) of every measurement of
+    `suite`, from `host` (with `any_host`, from any host when `host` has none); an optional
+    measurement with no run is left out, a required one is `missing`. Set A of `perfmodel
+    compare` and the stores `--pool` adds to a calibration are both found this way."""
+    ids, labels, missing, elsewhere = [], [], [], set()
+    for m in suite:
+        match = matching_runs(stored, m)
+        here = [r for r in match if r.host == host] or (match if any_host else [])
+        if here:
+            ids.append(here[-1].id)
+            labels.append(m.label)
+        elif not getattr(m, "optional", False):
+            missing.append(m.label)
+            elsewhere |= {r.host for r in match if r.host}
+    return NewestRuns(ids=tuple(ids), labels=tuple(labels), missing=tuple(missing),
+                      elsewhere=tuple(sorted(elsewhere)))
+
+
 def reusable_run(runs, m: Measurement, *, host: str, torch_version: str | None,
                  now: dt.datetime) -> int | None:
     """Id of the newest stored run (store.list_runs rows) that can stand for `m`, or None."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from perfmodel.errors import PerfmodelError
@@ -314,18 +315,7 @@ class ClusterProfile:
         rows = kinds.get(op) or kinds.get("all-reduce")
         if not rows:
             return 1.0
-        x = per_node / cores
-        levels = sorted({row[0] for row in rows})
-        points = [(1.0, 1.0)] + [
-            (lv, interpolate_log(tuple((n, st) for level, n, st in rows if level == lv),
-                                 max(nbytes, 1.0)))
-            for lv in levels]
-        if x >= points[-1][0]:
-            return points[-1][1]
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if x <= x1:
-                return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
-        return points[-1][1]
+        return _stretch_at(rows, per_node / cores, max(nbytes, 1.0))
 
     def compute_share(self, busy: float, workload: str | None = None) -> float:
         """How much slower a process computes while `busy` processes (itself included;
@@ -525,6 +515,23 @@ def _calibration_errors(data: dict, path: Path) -> CalibrationErrors | None:
         return calibration_errors(data)
     except PerfmodelError as e:
         raise PerfmodelError(f"{path}: {e}") from None
+
+
+@lru_cache(maxsize=4096)
+def _stretch_at(rows: tuple[tuple[float, float, float], ...], x: float, nbytes: float) -> float:
+    """`ClusterProfile.comm_cpu_stretch` at crowding p/c = x from one kind's rows
+    ((level, bytes, stretch), ...); cached: a simulation asks for the same few sizes at one
+    level once per collective."""
+    levels = sorted({row[0] for row in rows})
+    points = [(1.0, 1.0)] + [
+        (lv, interpolate_log(tuple((n, st) for level, n, st in rows if level == lv), nbytes))
+        for lv in levels]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
 
 
 def profile_paths() -> dict[str, Path]:

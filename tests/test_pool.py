@@ -112,3 +112,30 @@ def test_cli_pool_with_a_fitted_profile_is_refused_in_one_line(tmp_path):
     assert "--pool" in done.stderr and "--profile" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+class _SlowerCompute:
+    """A store whose unit timings took `factor` times as long (another machine)."""
+
+    def __init__(self, store: Store, factor: float):
+        self.store, self.factor, self.path = store, factor, Path("other-machine.sqlite")
+
+    def get_run(self, run_id: int):
+        run = self.store.get_run(run_id)
+        rows = [dict(c, median_s=c["median_s"] * self.factor) for c in run.table("compute")]
+        return dataclasses.replace(run, records={**run.records, "compute": rows})
+
+
+def test_a_store_of_another_machine_is_refused_and_one_of_this_machine_is_not(suite_store):
+    store, ids = suite_store
+    assert any(store.get_run(i).table("compute") for i in ids)     # the check has data
+    other = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 1.8), ids)])
+    with pytest.raises(PerfmodelError, match=r"other-machine\.sqlite: its compute took "
+                                             r"1\.80x .* another machine"):
+        calibrate_runs(other, other.ids)
+    faster = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 0.55), ids)])
+    with pytest.raises(PerfmodelError, match=r"0\.55x"):
+        calibrate_runs(faster, faster.ids)
+    same = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 1.1), ids)])
+    notes = calibrate_runs(same, same.ids).notes
+    assert any("median unit-timing ratio" in n and "1.10" in n for n in notes)

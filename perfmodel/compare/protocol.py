@@ -288,21 +288,12 @@ class CalibrationRuns:
 def find_calibration_runs(stored, suite, *, host: str, any_host: bool = False
                           ) -> CalibrationRuns:
     """The newest successful stored run of every suite measurement, from this host (with
-    `any_host`, from any host when this one has none)."""
-    from calibration.suite import matching_runs
+    `any_host`, from any host when this one has none): calibration.suite.newest_runs."""
+    from calibration.suite import newest_runs
 
-    ids, labels, missing, elsewhere = [], [], [], set()
-    for m in suite:
-        match = matching_runs(stored, m)
-        here = [r for r in match if r.host == host] or (match if any_host else [])
-        if here:
-            ids.append(here[-1].id)
-            labels.append(m.label)
-        elif not getattr(m, "optional", False):
-            missing.append(m.label)
-            elsewhere |= {r.host for r in match if r.host}
-    return CalibrationRuns(suite="", ids=tuple(ids), labels=tuple(labels),
-                           missing=tuple(missing), elsewhere=tuple(sorted(elsewhere)))
+    found = newest_runs(stored, suite, host=host, any_host=any_host)
+    return CalibrationRuns(suite="", ids=found.ids, labels=found.labels,
+                           missing=found.missing, elsewhere=found.elsewhere)
 
 
 def calibration_set(stored, cluster: str, *, host: str, any_host: bool = False,
