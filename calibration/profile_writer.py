@@ -47,6 +47,7 @@ MEASURABLE_FIELDS = (
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
+    "compute.ps_worker_extra_ms",
 )
 
 
@@ -82,6 +83,9 @@ class MeasuredFits:
     by_workload: tuple[WorkloadFits, ...] = ()
     # CPU hosts: the serial server's own time per update (latency_us, bandwidth_GBps)
     server_update: tuple[FitResult, FitResult] | None = None
+    # CPU hosts: a PS worker's compute beyond the model's, per workload (parameter
+    # "compute.ps_worker_extra_ms.<workload>", value in ms)
+    ps_worker_extra: tuple[FitResult, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +148,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                 w.workload: {"whole_step_factor": w.whole_step_factor.value,
                              "core_contention": w.core_contention.value}
                 for w in fits.by_workload}
+        if fits.ps_worker_extra:
+            compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
+                                             for r in fits.ps_worker_extra}
     calibration: dict[str, Any] = {
         "base": base.name,
         "measured": measured,
@@ -248,6 +255,9 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
     if fits.by_workload:
         measured.append("compute.by_workload")
         results += [r for w in fits.by_workload for r in (w.whole_step_factor, w.core_contention)]
+    if fits.ps_worker_extra:
+        measured.append("compute.ps_worker_extra_ms")
+        results += list(fits.ps_worker_extra)
     return measured, results
 
 

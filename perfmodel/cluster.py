@@ -150,6 +150,12 @@ class Compute:
     # The two above fitted per workload where calibration timed that workload's whole steps
     # (profile [compute.by_workload.<name>]); the fields above hold for every other workload.
     by_workload: tuple[WorkloadCompute, ...] = ()
+    # A CPU host's parameter-server worker's compute beyond its passes and two copies, per
+    # workload, in ms (profile [compute.ps_worker_extra_ms]; perfmodel/sim/compute.py
+    # ps_worker_seconds): measured from the calibration's 1-worker PS runs, whose worker
+    # computed 4.9-6.2 ms a step longer than that model for the mlp on 2026-12-05 and within
+    # 0.3 ms for cnn-small - not a byte rate (calibration/from_store.py `_ps_worker_extra`).
+    ps_worker_extra_ms: tuple[tuple[str, float], ...] = ()
     # The matmul curve and kernel cost fitted per precision where a GPU check measured that
     # precision (profile [compute.by_precision.<precision>]); the fields above hold for
     # every other precision.
@@ -157,6 +163,10 @@ class Compute:
 
     def _precision(self, precision: str | None) -> PrecisionCompute | None:
         return next((p for p in self.by_precision if p.precision == precision), None)
+
+    def ps_worker_extra_s(self, workload: str) -> float:
+        """`ps_worker_extra_ms` of `workload` in seconds; 0 where not measured."""
+        return dict(self.ps_worker_extra_ms).get(workload, 0.0) * 1e-3
 
     def efficiency(self, flops: float, precision: str | None = None) -> float:
         """Achieved fraction of the peak for a pass of `flops` matmul FLOPs (the curve of
@@ -471,6 +481,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             core_contention=comp.number("core_contention", 0.0),
             whole_step_factor=comp.number("whole_step_factor", 1.0, positive=True),
             by_workload=_by_workload(comp),
+            ps_worker_extra_ms=_ps_worker_extra(comp),
             by_precision=_by_precision(comp),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
@@ -490,6 +501,21 @@ def _by_workload(comp: Fields) -> tuple[WorkloadCompute, ...]:
                                      "whole_step_factor", positive=True),
                                  core_contention=table.table(name).number("core_contention"))
                  for name in sorted(table.data))
+
+
+def _ps_worker_extra(comp: Fields) -> tuple[tuple[str, float], ...]:
+    """[compute.ps_worker_extra_ms]: workload name -> ms >= 0."""
+    if not comp.has("ps_worker_extra_ms"):
+        return ()
+    table = comp.table("ps_worker_extra_ms")
+    out = []
+    for name in sorted(table.data):
+        ms = table.number(name)
+        if ms < 0:
+            raise PerfmodelError(f"field 'compute.ps_worker_extra_ms.{name}' must be >= 0, "
+                                 f"got {ms}")
+        out.append((name, ms))
+    return tuple(out)
 
 
 def _by_precision(comp: Fields) -> tuple[PrecisionCompute, ...]:

@@ -98,3 +98,45 @@ def test_calibration_fits_it_from_two_workloads_servers_and_says_when_it_cannot(
     assert len(notes) == 2 and all("server.update not fitted" in n for n in notes)
     assert from_store._server_update([_ps_run("mlp", 0.003, 0.001)], load_cluster("a100"),
                                      []) is None           # GPUs: no serial server
+
+
+def _ps_worker_run(workload: str, compute_s: list[float], mode: str = "real", workers=1):
+    steps = [{"step": i, "compute_s": 99.0 if i == 0 else c} for i, c in enumerate(compute_s)]
+    return SimpleNamespace(row=SimpleNamespace(workload=workload, batch_size=load_workload(
+        workload).batch_size, workers=workers, config={"warmup_steps": 1,
+                                                      "compute_mode": mode}),
+                           table=lambda name, s=steps: s if name == "steps" else [])
+
+
+def test_a_ps_workers_measured_extra_compute_is_fitted_written_and_charged():
+    from calibration.from_store import _ps_worker_extra
+    from perfmodel.sim.compute import ps_worker_seconds
+    base = load_cluster("local")
+    mlp, cnn = load_workload("mlp"), load_workload("cnn-small")
+    model = ps_worker_seconds(base, mlp, mlp.batch_size)
+    notes: list[str] = []
+    runs = [_ps_worker_run("mlp", [0, model + 0.005, model + 0.005]),
+            _ps_worker_run("mlp", [0, model + 0.006, model + 0.006]),
+            _ps_worker_run("cnn-small", [0, 1e-6, 1e-6]),          # faster than the model: 0
+            _ps_worker_run("mlp", [0, 9.0], mode="timed-wait"),    # not real compute: left out
+            _ps_worker_run("mlp", [0, 9.0], workers=2)]            # not 1 worker: left out
+    fits = _ps_worker_extra(runs, base, notes)
+    by_name = {r.parameter: r.value for r in fits}
+    assert by_name["compute.ps_worker_extra_ms.mlp"] == pytest.approx(5.5, rel=1e-6)
+    assert by_name["compute.ps_worker_extra_ms.cnn-small"] == 0.0
+    assert any("in-sample" in n for n in notes)
+    assert _ps_worker_extra(runs, load_cluster("a100"), []) == ()     # GPUs: not fitted
+    data = build_profile("local", base, MeasuredFits(ps_worker_extra=fits),
+                         RunInfo(host="h", device_names=(), versions="v", runs=3))
+    assert "compute.ps_worker_extra_ms" in data["calibration"]["measured"]
+    cluster = parse_profile(data, base.path)
+    # charged to real-compute PS workers of that workload only, and not in a timed wait
+    assert ps_worker_seconds(cluster, mlp, 64) == pytest.approx(
+        ps_worker_seconds(base, mlp, 64) + 0.0055, rel=1e-9)
+    assert ps_worker_seconds(cluster, cnn, 32) == ps_worker_seconds(base, cnn, 32)
+    timed = dataclasses.replace(cluster, compute_occupies_cores=False)
+    assert ps_worker_seconds(timed, mlp, 64) == ps_worker_seconds(
+        dataclasses.replace(base, compute_occupies_cores=False), mlp, 64)
+    bad = {**data, "compute": {**data["compute"], "ps_worker_extra_ms": {"mlp": -1.0}}}
+    with pytest.raises(PerfmodelError, match="ps_worker_extra_ms.mlp"):
+        parse_profile(bad, base.path)

@@ -114,14 +114,16 @@ def ps_worker_seconds(cluster: ClusterProfile, workload: Workload, batch_size: i
     optimizer: the server applies) and its own two passes over the model (measure/runs/ps.py
     `work`): the pulled flat parameters copied into the model's parameters and the gradients
     concatenated into the flat push buffer, one read and write of their bytes each at
-    compute.optimizer_GBps. In a timed wait the harness pays that CPU work back from the
-    sleeps (measure/timed_wait.py), so only the passes are left."""
+    compute.optimizer_GBps, plus what a CPU host's calibration measured beyond that for the
+    workload (compute.ps_worker_extra_ms). In a timed wait the harness pays that CPU work
+    back from the sleeps (measure/timed_wait.py), so only the passes are left."""
     passes = unit_times(cluster, workload, batch_size, optimizer_param_fraction=0).step_s
     if not cluster.compute_occupies_cores:
         return passes
     p = workload.precision_spec
     copies = workload.params * (p.param_bytes + p.grad_bytes)
-    return passes + copies / (cluster.compute.optimizer_GBps * 1e9)
+    return (passes + copies / (cluster.compute.optimizer_GBps * 1e9)
+            + cluster.compute.ps_worker_extra_s(workload.name))
 
 
 class StepNoise:
