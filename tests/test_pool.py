@@ -36,16 +36,24 @@ def suite_store(tmp_path_factory):
     return store, ids
 
 
-class _SlowerCollectives:
-    """A store whose collectives took `factor` times as long (another session's state)."""
+class _Scaled:
+    """A store whose `table` records' `field` took `factor` times as long: another session's
+    state (collectives) or another machine (compute)."""
 
-    def __init__(self, store: Store, factor: float):
-        self.store, self.factor, self.path = store, factor, Path("slower.sqlite")
+    def __init__(self, store: Store, factor: float, table: str = "collectives",
+                 field: str = "time_s", path: str = "slower.sqlite"):
+        self.store, self.factor, self.path = store, factor, Path(path)
+        self.table, self.field = table, field
 
     def get_run(self, run_id: int):
         run = self.store.get_run(run_id)
-        rows = [dict(c, time_s=c["time_s"] * self.factor) for c in run.table("collectives")]
-        return dataclasses.replace(run, records={**run.records, "collectives": rows})
+        rows = [dict(c, **{self.field: c[self.field] * self.factor})
+                for c in run.table(self.table)]
+        return dataclasses.replace(run, records={**run.records, self.table: rows})
+
+
+def _other_machine(store: Store, factor: float) -> _Scaled:
+    return _Scaled(store, factor, "compute", "median_s", "other-machine.sqlite")
 
 
 def test_pooled_ids_say_which_store_each_run_came_from(suite_store):
@@ -80,7 +88,7 @@ def test_one_store_pooled_with_itself_fits_what_it_fits_alone(suite_store):
 def test_a_slower_session_pooled_in_gives_a_bandwidth_between_the_two(suite_store):
     store, ids = suite_store
     fast = calibrate_runs(store, ids).profile("local")["intra_node"]["bandwidth_GBps"]
-    slow_store = _SlowerCollectives(store, 2.0)
+    slow_store = _Scaled(store, 2.0)
     slow_pool = PooledStore([PoolSource(slow_store, ids)])
     slow = calibrate_runs(slow_pool, slow_pool.ids).profile("local")["intra_node"]
     assert math.isclose(slow["bandwidth_GBps"], fast / 2, rel_tol=1e-6)
@@ -114,28 +122,16 @@ def test_cli_pool_with_a_fitted_profile_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-class _SlowerCompute:
-    """A store whose unit timings took `factor` times as long (another machine)."""
-
-    def __init__(self, store: Store, factor: float):
-        self.store, self.factor, self.path = store, factor, Path("other-machine.sqlite")
-
-    def get_run(self, run_id: int):
-        run = self.store.get_run(run_id)
-        rows = [dict(c, median_s=c["median_s"] * self.factor) for c in run.table("compute")]
-        return dataclasses.replace(run, records={**run.records, "compute": rows})
-
-
 def test_a_store_of_another_machine_is_refused_and_one_of_this_machine_is_not(suite_store):
     store, ids = suite_store
     assert any(store.get_run(i).table("compute") for i in ids)     # the check has data
-    other = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 1.8), ids)])
+    other = PooledStore([PoolSource(store, ids), PoolSource(_other_machine(store, 1.8), ids)])
     with pytest.raises(PerfmodelError, match=r"other-machine\.sqlite: its compute took "
                                              r"1\.80x .* another machine"):
         calibrate_runs(other, other.ids)
-    faster = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 0.55), ids)])
+    faster = PooledStore([PoolSource(store, ids), PoolSource(_other_machine(store, 0.55), ids)])
     with pytest.raises(PerfmodelError, match=r"0\.55x"):
         calibrate_runs(faster, faster.ids)
-    same = PooledStore([PoolSource(store, ids), PoolSource(_SlowerCompute(store, 1.1), ids)])
+    same = PooledStore([PoolSource(store, ids), PoolSource(_other_machine(store, 1.1), ids)])
     notes = calibrate_runs(same, same.ids).notes
     assert any("median unit-timing ratio" in n and "1.10" in n for n in notes)
