@@ -171,12 +171,12 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if isinstance(store, PooledStore) and len(store.sources) > 1:
         notes.append(f"pooled set A of {len(store.sources)} stores (calibration/pool.py): "
                      + "; ".join(store.describe()))
-        notes.append(_one_machine(store, [store.get_run(int(i))
-                                          for i in dict.fromkeys(run_ids)]))
     failed = [r.row.id for r in runs if r.row.status != "ok"]
     if failed:
         notes.append(f"left out failed run(s) {', '.join(map(str, failed))}")
     runs = [r for r in runs if r.row.status == "ok"]
+    if isinstance(store, PooledStore) and len(store.sources) > 1:
+        notes.append(_one_machine(store, runs))
     by_kind: dict[str, list] = defaultdict(list)
     held_back = [r for r in runs if is_check_run(r)]
     held_ids = {r.row.id for r in held_back}
@@ -711,10 +711,11 @@ def _ps_worker_extra(runs, cluster: ClusterProfile, notes: list[str]) -> tuple[F
     out = []
     for name, means in sorted(by_name.items()):
         model = ps_worker_seconds(cluster, load_workload(name), batch[name])
-        rel = np.asarray(means) / (model + max(float(np.median(means)) - model, 0.0)) - 1
-        extra_ms = max(float(np.median(means)) - model, 0.0) * 1e3
-        spread = float(np.std(means) / np.sqrt(len(means))) * 1e3 if len(means) > 1 else 0.0
-        out.append(fit_result(f"compute.ps_worker_extra_ms.{name}", extra_ms, spread, rel))
+        extra_s = max(float(np.median(means)) - model, 0.0)
+        rel = np.asarray(means) / (model + extra_s) - 1
+        spread_ms = float(np.std(means) / np.sqrt(len(means))) * 1e3 if len(means) > 1 else 0.0
+        out.append(fit_result(f"compute.ps_worker_extra_ms.{name}", extra_s * 1e3, spread_ms,
+                              rel))
     if out:
         notes.append("PS worker compute beyond the model's passes and copies (1-worker PS "
                      "runs): " + ", ".join(f"{r.parameter.rsplit('.', 1)[1]} {r.value:.2f} ms"

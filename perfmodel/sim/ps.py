@@ -26,7 +26,7 @@ exact mean-value analysis (mva.py) predicts async-ps throughput.
 A CPU host's server (psnet.serial_server: measure/runs/ps.py's one thread) replies as part of
 the apply: receive a push, apply, reply at once to every worker the apply frees - the pusher,
 and under SSP everyone the slowest worker's push releases, in worker order - then receive
-the next push (`serial_worker`, `_serve_push`, `_ready_after`: the real server's clocks). So
+the next push (`serial_worker`, `_push_and_apply`, `_ready_after`: the real server's clocks). So
 a reply never queues behind pushes that arrived during its apply, and a straggler whose push
 releases the others gets its own reply last when it has the highest rank.
 
@@ -329,7 +329,8 @@ class _PSRun:
         self.slowest = 0
         self.unblock: dict[int, simpy.Event] = {}             # slowest clock -> waiters
         # serial servers (async/ssp): each server's clocks, as measure/runs/ps.py keeps them
-        n = scenario.workers
+        # (only where the servers are serial: nothing else reads them)
+        n = scenario.workers if self.layout.serial_server else 0
         self.srv_clock = [[0] * n for _ in self.servers]
         self.srv_at_clock = [Counter({0: n}) for _ in self.servers]
         self.srv_slowest = [0] * len(self.servers)
@@ -447,22 +448,31 @@ class _PSRun:
     def applying(self, w: int) -> simpy.Event:
         """async: push every shard, each applied on arrival (FCFS); fires when every server
         has applied it, with (last arrival, server 0's version it was applied to)."""
-        env = self.env
-        done = Event(env)
-        arrival = last_end = env._now
+        done = Event(self.env)
+        arrival, version0, last_end = self._push_and_apply(w)
+        _fire_at(self.env, done, last_end, (arrival, version0))
+        return done
+
+    def _push_and_apply(self, w: int, more: bool | None = None) -> tuple[float, int, float]:
+        """w's push to every server, each applied on arrival (FCFS); on serial servers
+        (`more` given: w goes on to another step) each then books the replies its clocks
+        allow (`_ready_after`). (Last arrival, server 0's version applied, last apply's end.)"""
+        arrival = last_end = self.env._now
         version0, routes = 0, self.push_routes
         for i, server in enumerate(self.servers):
             at = self.send(w, i, "push", routes)
             end, version = server.apply(self._after_slot(i, at), self._service(server.apply_s))
             self._hold_slot(i, end)
+            if more is not None:
+                for v in self._ready_after(i, w, more):
+                    self._reply(i, v, end)
             if i == 0:
                 version0 = version
             if at > arrival:
                 arrival = at
             if end > last_end:
                 last_end = end
-        _fire_at(env, done, last_end, (arrival, version0))
-        return done
+        return arrival, version0, last_end
 
     def accumulating(self, w: int) -> tuple[simpy.Event, list[float]]:
         """sync: push every shard; each server sums it in (FCFS) and, with all N gradients
@@ -525,7 +535,7 @@ class _PSRun:
         one thread per server). A server receives a push, applies it, and at once replies to
         every worker the apply leaves free to go on - the pusher, and under SSP whoever the
         slowest worker's apply releases - in worker order, before it receives the next push.
-        So the reply is booked with the push it answers (`_serve_push`): booked when the
+        So the reply is booked with the push it answers (`_push_and_apply`): booked when the
         worker asks, after the apply, it would queue behind every push that arrived during
         the apply, which the real server receives only after replying."""
         env, step, ready = self.env, 0, self.env.now
@@ -548,7 +558,7 @@ class _PSRun:
                 pull = self._expect_pull(w)
             else:
                 self.pending[w] = None
-            pushed, applied, end = self._serve_push(w, more)
+            pushed, applied, end = self._push_and_apply(w, more)
             self._record(w, step, ready, t_pull, t_compute, t_push, pushed, read, applied,
                          end)
             if not more:
@@ -576,26 +586,6 @@ class _PSRun:
             p[3], p[4] = start_s, self.server0.started
         if p[1] == 0:
             _fire_at(self.env, p[0], p[2], (p[3], p[4]))
-
-    def _serve_push(self, w: int, more: bool) -> tuple[float, int, float]:
-        """w's push to every serial server: receive, apply (FCFS), then the replies its
-        clocks allow (`_ready_after`); (last arrival, server 0's version applied, last apply's
-        end). `more`: w goes on to another step (else it leaves the clocks)."""
-        arrival = last_end = self.env._now
-        version0 = 0
-        for i, server in enumerate(self.servers):
-            at = self.send(w, i, "push", self.push_routes)
-            end, version = server.apply(self._after_slot(i, at), self._service(server.apply_s))
-            if i == 0:
-                version0 = version
-            self._hold_slot(i, end)
-            for v in self._ready_after(i, w, more):
-                self._reply(i, v, end)
-            if at > arrival:
-                arrival = at
-            if end > last_end:
-                last_end = end
-        return arrival, version0, last_end
 
     def _ready_after(self, i: int, w: int, more: bool) -> list[int]:
         """Server position i's clocks after w's push (measure/runs/ps.py: clocks, held,
