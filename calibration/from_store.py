@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from calibration.fit import FitResult, fit_result, relative_lstsq
+from calibration.fit import FitResult, fit_rate, fit_result, relative_lstsq
 from calibration.fit_comm_sharing import SharingFit, fit_comm_sharing, shared
 from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_optimizer_rate
 from calibration.fit_cores import (
@@ -92,7 +92,9 @@ from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim import psnet
 from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import ps_worker_seconds, unit_times
+from perfmodel.sim.cores import own_work_s_per_byte
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
+from perfmodel.sim.fsdp import FSDP, copy_bytes, divide_bytes
 from perfmodel.sim.ps import server_apply_s
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
@@ -216,7 +218,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         notes.append("compute.overlap_slowdown not fitted: it needs the compute profile "
                      f"(`{COMMANDS['compute']}`)")
     elif parallel:
-        overlap = _overlap(parallel, stage1)
+        # FSDP2 on gloo issues blocking collectives: it overlaps nothing (perfmodel/sim/fsdp.py)
+        overlaps = [r for r in parallel
+                    if r.row.kind == "ddp" or not FSDP.blocking(stage1)] or parallel
+        overlap = _overlap(overlaps, stage1)
         stage1 = _as_cluster(base_cluster, dataclasses.replace(fits, overlap_slowdown=overlap))
     if parallel:
         jitter = _jitter(parallel)
@@ -226,6 +231,11 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         fits = dataclasses.replace(fits, server_update=server_update)
         stage1 = dataclasses.replace(stage1, server=_as_cluster(base_cluster, fits).server)
     checks |= _ps_checks(by_kind["ps"], stage1, base_cluster)
+    fsdp_copy = _fsdp_copy(by_kind["fsdp"], stage1, notes)
+    if fsdp_copy is not None:
+        fits = dataclasses.replace(fits, fsdp_copy_GBps=fsdp_copy)
+        stage1 = dataclasses.replace(stage1, compute=dataclasses.replace(
+            stage1.compute, fsdp_copy_GBps=fsdp_copy.value))
     ps_extra = _ps_worker_extra(by_kind["ps"], stage1, notes)
     if ps_extra:
         fits = dataclasses.replace(fits, ps_worker_extra=ps_extra)
@@ -686,6 +696,51 @@ def _server_update(runs, base: ClusterProfile, notes: list[str]):
     except PerfmodelError as e:
         notes.append(f"server.update not fitted: {e}")
         return None
+
+
+def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
+    """compute.fsdp_copy_GBps: the rate FSDP2's copies ran at in the calibration's FSDP runs
+    (real compute, >= 2 ranks, a CPU host whose gloo collectives block): per run, the mean
+    timed compute less the model's passes, optimizer and in-place divides (`cluster`, the
+    profile fitted so far), over the bytes the model counts (perfmodel/sim/fsdp.py
+    `copy_bytes`) times its core-sharing factor; `fit_rate` over the runs. None on GPUs,
+    without such runs, or when the runs left no time for copies (a note says which)."""
+    if not cluster.compute_cpu_cores_per_node or not FSDP.blocking(cluster):
+        return None
+    volume, seconds = [], []
+    for r in runs:
+        n = int(r.row.workers or 1)
+        if n < 2 or r.row.config.get("compute_mode", "real") != "real":
+            continue
+        w, scenario = load_workload(r.row.workload), _scenario(r, cluster)
+        opts = (r.row.config.get("options") or {}).get("fsdp", {})
+        ranks = min(n, cluster.devices_per_node)
+        t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=1.0 / n,
+                       busy=cluster.ranks_busy(ranks))
+        forward, backward = copy_bytes(scenario, opts.get("variant", "full-shard")
+                                       == "full-shard", blocking=True)
+        divide_s = float(divide_bytes(scenario, True).sum()) * own_work_s_per_byte(
+            cluster, ranks, w.name)
+        warm = int(r.row.config.get("warmup_steps", 0))
+        steps = [float(x["compute_s"]) for x in r.table("steps") if x["step"] >= warm]
+        if steps:
+            volume.append(float(forward.sum() + backward.sum())
+                          * own_work_s_per_byte(cluster, ranks, w.name, bytes_per_s=1.0))
+            seconds.append(float(np.mean(steps)) - t.step_s - divide_s)
+    if not seconds:
+        return None
+    if len(seconds) < 2 or min(seconds) <= 0:
+        notes.append(f"compute.fsdp_copy_GBps not fitted: it needs >= 2 FSDP runs whose "
+                     f"compute exceeds the model's passes, found "
+                     f"{', '.join(f'{s * 1e3:+.1f} ms' for s in seconds)} beyond them")
+        return None
+    fit = fit_rate(volume, seconds, parameter="compute.fsdp_copy_GBps",
+                   what="FSDP runs' copy time", unit_scale=1e9)
+    notes.append(f"FSDP2's copies ran at {fit.value:.3g} GB/s in {len(seconds)} FSDP run(s) "
+                 f"(compute.fsdp_copy_GBps; compute.optimizer_GBps "
+                 f"{cluster.compute.optimizer_GBps:.3g}): those runs are in-sample for the "
+                 f"FSDP compute check")
+    return fit
 
 
 def _ps_worker_extra(runs, cluster: ClusterProfile, notes: list[str]) -> tuple[FitResult, ...]:

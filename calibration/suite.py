@@ -89,6 +89,8 @@ CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measure
 CORES_REPEATS = 2
 DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
+FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copies weigh most in
+FSDP_VARIANT = "grad-op"
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -108,17 +110,19 @@ class SuiteSize:
     second_ddp: bool
     cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
     cores_workloads: int            # how many workloads get them (compute.by_workload)
+    fsdp_repeats: int               # FSDP runs for compute.fsdp_copy_GBps (CPU, >= 2 ranks)
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
                  collective_repeats=1, collective_launches=COLLECTIVE_LAUNCHES,
                  compute_repeats=8,
                  compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
-                 cores_repeats=CORES_REPEATS, cores_workloads=3)
+                 cores_repeats=CORES_REPEATS, cores_workloads=3, fsdp_repeats=FSDP_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, collective_launches=1, compute_repeats=5,
                   compute_workloads=2, steps=8,
-                  ddp_repeats=2, second_ddp=False, cores_repeats=1, cores_workloads=1)
+                  ddp_repeats=2, second_ddp=False, cores_repeats=1, cores_workloads=1,
+                  fsdp_repeats=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +227,17 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 _training("ps", w, 1, size.steps,
                           {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common),
                 r, optional=i > 0 or r > 1)
+    # CPU hosts: FSDP2's copies around its gloo collectives (compute.fsdp_copy_GBps,
+    # calibration/from_store.py `_fsdp_copy`), on the workload whose parameter bytes weigh
+    # most against its FLOPs (mlp: its copies take longer than its passes; cnn-small's would
+    # be a few % of its step, under the noise).
+    if kind == "cpu" and ranks >= 2:
+        w = max(names, key=_copy_weight)
+        for r in range(1, size.fsdp_repeats + 1):
+            add(f"fsdp-{w}", f"fsdp {FSDP_VARIANT} {w}, {ranks} workers"
+                + (f" ({r} of {size.fsdp_repeats})" if size.fsdp_repeats > 1 else ""),
+                _training("fsdp", w, ranks, size.steps, {"variant": FSDP_VARIANT}, common),
+                r, optional=True)
     if kind == "cpu":       # every compute workload's own: their working sets differ
         for r in range(1, size.cores_repeats + 1):
             for w in names[:min(size.cores_workloads, size.compute_workloads)]:
@@ -233,6 +248,12 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                                        repeats=size.compute_repeats, warmup=3, concurrent=busy,
                                        **common), r, oversubscribe=True, optional=True)
     return _interleave_training(out, f"ddp-{names[0]}")
+
+
+def _copy_weight(name: str) -> float:
+    """Parameter bytes per forward FLOP of one sample: how much FSDP's copies weigh."""
+    w = load_workload(name)
+    return w.param_bytes / max(w.forward_flops_per_sample, 1.0)
 
 
 def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:

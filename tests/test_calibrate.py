@@ -171,7 +171,15 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     full, quick = build_suite("cpu", suite="local"), build_suite("cpu", suite="local",
                                                                  quick=True)
     assert sum(m.progress_total for m in quick) < sum(m.progress_total for m in full)
-    assert {m.config["kind"] for m in full} == {"collectives", "compute", "ddp", "ps"}
+    assert {m.config["kind"] for m in full} == {"collectives", "compute", "ddp", "ps", "fsdp"}
+    assert {m.config["kind"] for m in quick} == {"collectives", "compute", "ddp", "ps"}
+    # FSDP's copies (compute.fsdp_copy_GBps): on the workload whose parameters weigh most
+    # against its FLOPs, twice, a variant set B does not run at 2 workers
+    fsdp = [m for m in full if m.config["kind"] == "fsdp"]
+    assert [(m.config["workload"], m.config["workers"], m.config["options"]["fsdp"]["variant"])
+            for m in fsdp] == [("mlp", 2, "grad-op")] * 2
+    assert build_suite("cuda", suite="x") and not any(
+        m.config["kind"] == "fsdp" for m in build_suite("cuda", suite="x"))
     # compute under core sharing: 1, 2 and 3 processes at once, interleaved, oversubscribing
     # for each compute workload (their working sets differ: compute.by_workload); --quick
     # times the first workload only
@@ -213,7 +221,9 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert [m.optional for m in servers] == [False, True, True, True]
     assert [m.config["workload"] for m in quick if m.config["kind"] == "ps"] == [
         "cnn-small", "mlp"]
-    assert not any(m.optional for m in full if m not in cores + launches + crowded + servers)
+    assert all(m.optional for m in fsdp)        # stores from before still calibrate
+    assert not any(m.optional for m in full
+                   if m not in cores + launches + crowded + servers + fsdp)
     assert not any(m.oversubscribe for m in full if m not in cores + crowded)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):

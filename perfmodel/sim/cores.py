@@ -81,9 +81,10 @@ def device_share(busy: float) -> float:
     return max(1.0, busy)
 
 
-def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None) -> float:
+def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
+                        bytes_per_s: float | None = None) -> float:
     """Seconds per byte of a rank's own memory-bound host work (DDP's and FSDP2's copies, one
-    read and write each at compute.optimizer_GBps) while `ranks` ranks of a node do it at
+    read and write each at `bytes_per_s`, default compute.optimizer_GBps) while `ranks` ranks of a node do it at
     once: times 1 on a GPU, the core-sharing factor on a CPU host, and that factor less 1 in
     a timed wait, where measure/timed_wait.py's Sleeper pays the work's CPU time back from
     the next sleeps, leaving only the waits for a core (compute_occupies_cores = False)."""
@@ -91,7 +92,7 @@ def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None) -> flo
     if cluster.compute_cpu_cores_per_node:
         share = cluster.compute_share(ranks, workload)
         factor = share if cluster.compute_occupies_cores else share - 1.0
-    return factor / (cluster.compute.optimizer_GBps * 1e9)
+    return factor / (bytes_per_s or cluster.compute.optimizer_GBps * 1e9)
 
 
 def ranks_note(cluster, ranks: int, workload: str | None = None) -> tuple[str, ...]:

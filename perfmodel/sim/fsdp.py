@@ -17,14 +17,19 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   the rank's shard in (`_foreach_copy_`, b/N) and the gathered output out into the unsharded
   parameters (`split_with_sizes_copy`, b); a reduce-scatter of g bytes copies the unsharded
   gradients in (`_chunk_cat`, g) and divides the reduced shard (`div_`, g/N; the sharded
-  gradient is a view of it). Each copy's bytes move at the calibrated streaming rate
-  `compute.optimizer_GBps` (the optimizer is the same kind of foreach pass over memory, its
-  rate counting each byte of state once, read and written), stretched by core sharing like
+  gradient is a view of it). On gloo (`blocking`, below) each collective copies its whole
+  buffer once more inside ProcessGroupGloo (b, g), the reduced shard is copied out (g/N), and
+  gloo, which cannot average, has the whole input divided (g, in place). Counted with
+  torch.profiler on torch 2.13 (`copy_bytes`): a full-shard step copies 7.5x the parameter
+  bytes at 2 gloo ranks (6.75x at 4), grad-op 5x (4.5x), each within 0.1x of the count.
+  Copies move at `compute.fsdp_copy_GBps` (fitted on a CPU host from the calibration's FSDP
+  run: they ran at 4-5 GB/s where the optimizer streams 13 GB/s; elsewhere the optimizer's
+  `compute.optimizer_GBps`, the same kind of foreach pass over memory), divides at
+  optimizer_GBps, stretched by core sharing like
   the passes (`copy_seconds`), every rank of the node copying at once; in a timed wait the
   harness pays their CPU time back from the sleeps, leaving the stretch
-  (`cores.own_work_s_per_byte`). A full-shard step copies
-  4.5x the parameter bytes at 2 ranks (3.4x at 8): mlp's 12.9 MB at 2 ranks 3.4 ms at this
-  CPU host's calibrated 17 GB/s; bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
+  (`cores.own_work_s_per_byte`). On GPUs a full-shard step copies (1 + 1/N) b twice and
+  (1 + 1/N) g: bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
 Traffic per rank is 3Ψ(N−1)/N for full-shard and 2Ψ(N−1)/N for grad-op, against DDP's
 2Ψ(N−1)/N (ZeRO, Rajbhandari et al. 2020: 1.5x).
 
@@ -102,21 +107,63 @@ class _Network:
         return np.maximum(clock, end), np.maximum(alone, alone_end)
 
 
-def copy_seconds(scenario: Scenario, regather: bool, busy: float) -> tuple[np.ndarray,
-                                                                             np.ndarray]:
-    """Per unit: seconds of FSDP2's copies in its forward and in its backward (module
-    docstring); none with 1 rank, which has no collectives here."""
-    cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
+def copy_bytes(scenario: Scenario, regather: bool, blocking: bool) -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    """Per unit: bytes FSDP2 copies in its forward and in its backward around the unit's
+    collectives (module docstring), each byte read once and written once, and bytes it
+    divides in place; none with 1 rank. Counted with torch.profiler on torch 2.13 (mlp and
+    cnn-small, 2 and 4 gloo ranks, both variants: within 0.1x the parameter bytes)."""
+    n, wl = scenario.workers, scenario.workload
     units = len(wl.units)
     if n < 2:
         return np.zeros(units), np.zeros(units)
-    per_byte = own_work_s_per_byte(cluster, busy, wl.name)
-    shard = 1.0 + 1.0 / n                   # the whole buffer once, the shard once
-    gather = np.array([u.params * wl.precision_spec.compute_bytes * shard
-                       for u in wl.units]) * per_byte
-    scatter = np.array([u.params * wl.precision_spec.reduce_bytes * shard
-                        for u in wl.units]) * per_byte
+    b = np.array([u.params * wl.precision_spec.compute_bytes for u in wl.units], dtype=float)
+    g = np.array([u.params * wl.precision_spec.reduce_bytes for u in wl.units], dtype=float)
+    extra = 1.0 if blocking else 0.0        # gloo copies each collective's buffer once more
+    gather = b * (1.0 / n + 1.0 + extra)
+    scatter = g * (1.0 + extra + (1.0 / n if blocking else 0.0))
     return gather, (gather if regather else 0.0) + scatter
+
+
+def divide_bytes(scenario: Scenario, blocking: bool) -> np.ndarray:
+    """Per unit: gradient bytes the reduce-scatter divides in place (backward): the whole
+    input on gloo, which cannot average, the reduced shard elsewhere."""
+    n, wl = scenario.workers, scenario.workload
+    if n < 2:
+        return np.zeros(len(wl.units))
+    g = np.array([u.params * wl.precision_spec.reduce_bytes for u in wl.units], dtype=float)
+    return g if blocking else g / n
+
+
+def copy_seconds(scenario: Scenario, regather: bool, busy: float, blocking: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit: seconds of FSDP2's copies (at compute.fsdp_copy_GBps) and in-place divides
+    (at compute.optimizer_GBps) in its forward and in its backward, every rank of the node
+    copying at once (cores.own_work_s_per_byte)."""
+    cluster, wl = scenario.cluster, scenario.workload
+    forward, backward = copy_bytes(scenario, regather, blocking)
+    copy = own_work_s_per_byte(cluster, busy, wl.name, cluster.compute.fsdp_copy_Bps())
+    divide = own_work_s_per_byte(cluster, busy, wl.name)
+    return forward * copy, backward * copy + divide_bytes(scenario, blocking) * divide
+
+
+def unpaid_copy_s(scenario: Scenario, regather: bool, blocking: bool, waits: UnitTimes
+                  ) -> float:
+    """A timed wait's copies beyond its sleeps, per step: measure/timed_wait.py's Sleeper
+    pays the copies' CPU time back from the sleeps (`cores.own_work_s_per_byte` leaves only
+    the wait for a core), but only as far as the sleeps go; CPU time beyond the step's
+    sleeps (`waits`: forward, backward and optimizer) is exposed: the step computes
+    C·s + max(W − C, 0), which is W + C·(s − 1) + max(C − W, 0). 0 outside a timed wait
+    (a CPU host whose compute does not occupy the cores)."""
+    cluster, wl = scenario.cluster, scenario.workload
+    if not cluster.compute_cpu_cores_per_node or cluster.compute_occupies_cores:
+        return 0.0
+    forward, backward = copy_bytes(scenario, regather, blocking)
+    cpu_s = (float(forward.sum() + backward.sum()) / cluster.compute.fsdp_copy_Bps()
+             + float(divide_bytes(scenario, blocking).sum())
+             / (cluster.compute.optimizer_GBps * 1e9))
+    slept_s = float(waits.forward_s.sum() + waits.backward_s.sum()) + waits.optimizer_s
+    return max(cpu_s - slept_s, 0.0)
 
 
 class FSDP:
@@ -155,7 +202,8 @@ class FSDP:
         forward and backward)."""
         n = scenario.workers
         copy_f, copy_b = copy_seconds(scenario, self.options.variant == "full-shard",
-                                      min(n, scenario.cluster.devices_per_node))
+                                      min(n, scenario.cluster.devices_per_node),
+                                      self.blocking(scenario.cluster))
         return float(np.sum(copy_f) + np.sum(copy_b))
 
     def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
@@ -197,9 +245,11 @@ class FSDP:
         # worker does not lengthen: added to each pass, not scaled with it.
         # FSDP2's copies are the rank's own work, added like the slowdown (a straggler's
         # emulated compute does not slow them).
-        copy_f, copy_b = copy_seconds(scenario, regather, min(n, cluster.devices_per_node))
+        copy_f, copy_b = copy_seconds(scenario, regather, min(n, cluster.devices_per_node),
+                                      blocking)
         extra_f = times.forward_s - plain.forward_s + copy_f
         extra_b = times.backward_s - plain.backward_s + copy_b
+        extra_b[0] += unpaid_copy_s(scenario, regather, blocking, plain)
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
