@@ -84,10 +84,11 @@ def device_share(busy: float) -> float:
 def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
                         bytes_per_s: float | None = None) -> float:
     """Seconds per byte of a rank's own memory-bound host work (DDP's and FSDP2's copies, one
-    read and write each at `bytes_per_s`, default compute.optimizer_GBps) while `ranks` ranks of a node do it at
-    once: times 1 on a GPU, the core-sharing factor on a CPU host, and that factor less 1 in
-    a timed wait, where measure/timed_wait.py's Sleeper pays the work's CPU time back from
-    the next sleeps, leaving only the waits for a core (compute_occupies_cores = False)."""
+    read and write each at `bytes_per_s`, default compute.optimizer_GBps) while `ranks` ranks
+    of a node do it at once: times 1 on a GPU, the core-sharing factor on a CPU host, and that
+    factor less 1 in a timed wait, where measure/timed_wait.py's Sleeper pays the work's CPU
+    time back from the next sleeps, leaving only the waits for a core
+    (compute_occupies_cores = False)."""
     factor = 1.0
     if cluster.compute_cpu_cores_per_node:
         share = cluster.compute_share(ranks, workload)

@@ -155,7 +155,7 @@ def unpaid_copy_s(scenario: Scenario, regather: bool, blocking: bool, waits: Uni
     sleeps (`waits`: forward, backward and optimizer) is exposed: the step computes
     C·s + max(W − C, 0), which is W + C·(s − 1) + max(C − W, 0). 0 outside a timed wait
     (a CPU host whose compute does not occupy the cores)."""
-    cluster, wl = scenario.cluster, scenario.workload
+    cluster = scenario.cluster
     if not cluster.compute_cpu_cores_per_node or cluster.compute_occupies_cores:
         return 0.0
     forward, backward = copy_bytes(scenario, regather, blocking)
