@@ -131,3 +131,13 @@ def test_a_timed_wait_exposes_the_copies_its_sleeps_cannot_pay_back(copy_GBps):
     computed = np.mean([r.compute_s for r in result.steps])
     assert computed == pytest.approx(C * s + max(W - C, 0.0), rel=1e-9)
     assert (C > W) == (copy_GBps < 1)       # both sides of the max are exercised
+
+
+def test_memory_overheads_leave_out_fsdp_runs_only_where_gloo_buffers_are_unmodelled():
+    from calibration.from_store import _memory_runs
+    ddp, fsdp = SimpleNamespace(name="ddp"), _fsdp_run(0.05)
+    by_kind = {"ddp": [ddp], "fsdp": [fsdp]}
+    notes: list[str] = []
+    assert _memory_runs(by_kind, load_cluster("local"), notes) == [ddp]
+    assert "without the 1 FSDP run" in notes[0]
+    assert _memory_runs(by_kind, load_cluster("a100"), []) == [ddp, fsdp]      # NCCL
