@@ -219,9 +219,12 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                      f"(`{COMMANDS['compute']}`)")
     elif parallel:
         # FSDP2 on gloo issues blocking collectives: it overlaps nothing (perfmodel/sim/fsdp.py)
-        overlaps = [r for r in parallel
-                    if r.row.kind == "ddp" or not FSDP.blocking(stage1)] or parallel
-        overlap = _overlap(overlaps, stage1)
+        overlaps = [r for r in parallel if r.row.kind == "ddp" or not FSDP.blocking(stage1)]
+        if overlaps:
+            overlap = _overlap(overlaps, stage1)
+        else:
+            notes.append("compute.overlap_slowdown not fitted: FSDP on gloo blocks on its "
+                         f"collectives, so it overlaps nothing (`{COMMANDS['overlap']}`)")
         stage1 = _as_cluster(base_cluster, dataclasses.replace(fits, overlap_slowdown=overlap))
     if parallel:
         jitter = _jitter(parallel)
@@ -712,6 +715,16 @@ def _server_update(runs, base: ClusterProfile, notes: list[str]):
         return None
 
 
+def _mean_compute_s(run) -> float | None:
+    """A real-compute run's mean timed compute a step (warm-up steps left out); None for a
+    timed wait or a run without timed steps."""
+    if run.row.config.get("compute_mode", "real") != "real":
+        return None
+    warm = int(run.row.config.get("warmup_steps", 0))
+    steps = [float(x["compute_s"]) for x in run.table("steps") if x["step"] >= warm]
+    return float(np.mean(steps)) if steps else None
+
+
 def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
     """compute.fsdp_copy_GBps: the rate FSDP2's copies ran at in the calibration's FSDP runs
     (real compute, >= 2 ranks, a CPU host whose gloo collectives block): per run, the mean
@@ -724,7 +737,7 @@ def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | N
     volume, seconds = [], []
     for r in runs:
         n = int(r.row.workers or 1)
-        if n < 2 or r.row.config.get("compute_mode", "real") != "real":
+        if n < 2:
             continue
         w, scenario = load_workload(r.row.workload), _scenario(r, cluster)
         opts = (r.row.config.get("options") or {}).get("fsdp", {})
@@ -735,12 +748,11 @@ def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | N
                                        == "full-shard", blocking=True)
         divide_s = float(divide_bytes(scenario, True).sum()) * own_work_s_per_byte(
             cluster, ranks, w.name)
-        warm = int(r.row.config.get("warmup_steps", 0))
-        steps = [float(x["compute_s"]) for x in r.table("steps") if x["step"] >= warm]
-        if steps:
+        mean_s = _mean_compute_s(r)
+        if mean_s is not None:
             volume.append(float(forward.sum() + backward.sum())
                           * own_work_s_per_byte(cluster, ranks, w.name, bytes_per_s=1.0))
-            seconds.append(float(np.mean(steps)) - t.step_s - divide_s)
+            seconds.append(mean_s - t.step_s - divide_s)
     if not seconds:
         return None
     if len(seconds) < 2 or min(seconds) <= 0:
@@ -770,12 +782,9 @@ def _ps_worker_extra(runs, cluster: ClusterProfile, notes: list[str]) -> tuple[F
     by_name: dict[str, list[float]] = defaultdict(list)
     batch: dict[str, int] = {}
     for r in runs:
-        if r.row.config.get("compute_mode", "real") != "real" or (r.row.workers or 1) != 1:
-            continue
-        warm = int(r.row.config.get("warmup_steps", 0))
-        steps = [float(x["compute_s"]) for x in r.table("steps") if x["step"] >= warm]
-        if steps:
-            by_name[str(r.row.workload)].append(float(np.mean(steps)))
+        mean_s = _mean_compute_s(r) if (r.row.workers or 1) == 1 else None
+        if mean_s is not None:
+            by_name[str(r.row.workload)].append(mean_s)
             batch[str(r.row.workload)] = int(r.row.batch_size)
     out = []
     for name, means in sorted(by_name.items()):

@@ -107,31 +107,38 @@ class _Network:
         return np.maximum(clock, end), np.maximum(alone, alone_end)
 
 
+def _unit_bytes(scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit: the bytes an all-gather gathers (param_dtype) and a reduce-scatter reduces
+    (reduce_dtype), MixedPrecisionPolicy's two sizes."""
+    p = scenario.workload.precision_spec
+    params = np.array([u.params for u in scenario.workload.units], dtype=float)
+    return params * p.compute_bytes, params * p.reduce_bytes
+
+
 def copy_bytes(scenario: Scenario, regather: bool, blocking: bool) -> tuple[np.ndarray,
                                                                               np.ndarray]:
     """Per unit: bytes FSDP2 copies in its forward and in its backward around the unit's
-    collectives (module docstring), each byte read once and written once, and bytes it
-    divides in place; none with 1 rank. Counted with torch.profiler on torch 2.13 (mlp and
-    cnn-small, 2 and 4 gloo ranks, both variants: within 0.1x the parameter bytes)."""
-    n, wl = scenario.workers, scenario.workload
-    units = len(wl.units)
+    collectives (module docstring), each byte read once and written once; none with 1 rank.
+    Counted with torch.profiler on torch 2.13 (mlp and cnn-small, 2 and 4 gloo ranks, both
+    variants: within 0.1x the parameter bytes)."""
+    n = scenario.workers
     if n < 2:
-        return np.zeros(units), np.zeros(units)
-    b = np.array([u.params * wl.precision_spec.compute_bytes for u in wl.units], dtype=float)
-    g = np.array([u.params * wl.precision_spec.reduce_bytes for u in wl.units], dtype=float)
-    extra = 1.0 if blocking else 0.0        # gloo copies each collective's buffer once more
-    gather = b * (1.0 / n + 1.0 + extra)
-    scatter = g * (1.0 + extra + (1.0 / n if blocking else 0.0))
+        return np.zeros(len(scenario.workload.units)), np.zeros(len(scenario.workload.units))
+    b, g = _unit_bytes(scenario)
+    # shard in + output out; gloo: its flat output copied out once more
+    gather = b * (1.0 / n + 1.0 + (1.0 if blocking else 0.0))
+    # gradients in; gloo: a clone of the input and the reduced shard copied out
+    scatter = g * (1.0 + (1.0 + 1.0 / n if blocking else 0.0))
     return gather, (gather if regather else 0.0) + scatter
 
 
 def divide_bytes(scenario: Scenario, blocking: bool) -> np.ndarray:
     """Per unit: gradient bytes the reduce-scatter divides in place (backward): the whole
     input on gloo, which cannot average, the reduced shard elsewhere."""
-    n, wl = scenario.workers, scenario.workload
+    n = scenario.workers
     if n < 2:
-        return np.zeros(len(wl.units))
-    g = np.array([u.params * wl.precision_spec.reduce_bytes for u in wl.units], dtype=float)
+        return np.zeros(len(scenario.workload.units))
+    g = _unit_bytes(scenario)[1]
     return g if blocking else g / n
 
 
