@@ -212,6 +212,12 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                                    by_workload=_by_workload(concurrent, passes, notes))
     # the profile so far: the model that the overlap fit and the checks predict with
     stage1 = _as_cluster(base_cluster, fits)
+    # the host's copy rate first: DDP's reducer copies at it, inside the compute the overlap
+    # fit explains (FSDP on gloo overlaps nothing, so its copies do not need the overlap)
+    copy = _copy_rate(by_kind["fsdp"], stage1, notes)
+    if copy is not None:
+        fits = dataclasses.replace(fits, copy_GBps=copy)
+        stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
     overlap = jitter = None
     if parallel and compute is None:
@@ -234,11 +240,6 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         fits = dataclasses.replace(fits, server_update=server_update)
         stage1 = dataclasses.replace(stage1, server=_as_cluster(base_cluster, fits).server)
     checks |= _ps_checks(by_kind["ps"], stage1, base_cluster)
-    fsdp_copy = _fsdp_copy(by_kind["fsdp"], stage1, notes)
-    if fsdp_copy is not None:
-        fits = dataclasses.replace(fits, fsdp_copy_GBps=fsdp_copy)
-        stage1 = dataclasses.replace(stage1, compute=dataclasses.replace(
-            stage1.compute, fsdp_copy_GBps=fsdp_copy.value))
     ps_extra = _ps_worker_extra(by_kind["ps"], stage1, notes)
     if ps_extra:
         fits = dataclasses.replace(fits, ps_worker_extra=ps_extra)
@@ -725,8 +726,8 @@ def _mean_compute_s(run) -> float | None:
     return float(np.mean(steps)) if steps else None
 
 
-def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
-    """compute.fsdp_copy_GBps: the rate FSDP2's copies ran at in the calibration's FSDP runs
+def _copy_rate(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
+    """compute.copy_GBps: the rate FSDP2's copies ran at in the calibration's FSDP runs
     (real compute, >= 2 ranks, a CPU host whose gloo collectives block): per run, the mean
     timed compute less the model's passes, optimizer and in-place divides (`cluster`, the
     profile fitted so far), over the bytes the model counts (perfmodel/sim/fsdp.py
@@ -756,14 +757,14 @@ def _fsdp_copy(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | N
     if not seconds:
         return None
     if len(seconds) < 2 or min(seconds) <= 0:
-        notes.append(f"compute.fsdp_copy_GBps not fitted: it needs >= 2 FSDP runs whose "
+        notes.append(f"compute.copy_GBps not fitted: it needs >= 2 FSDP runs whose "
                      f"compute exceeds the model's passes, found "
                      f"{', '.join(f'{s * 1e3:+.1f} ms' for s in seconds)} beyond them")
         return None
-    fit = fit_rate(volume, seconds, parameter="compute.fsdp_copy_GBps",
+    fit = fit_rate(volume, seconds, parameter="compute.copy_GBps",
                    what="FSDP runs' copy time", unit_scale=1e9)
     notes.append(f"FSDP2's copies ran at {fit.value:.3g} GB/s in {len(seconds)} FSDP run(s) "
-                 f"(compute.fsdp_copy_GBps; compute.optimizer_GBps "
+                 f"(compute.copy_GBps; compute.optimizer_GBps "
                  f"{cluster.compute.optimizer_GBps:.3g}): those runs are in-sample for the "
                  f"FSDP compute check")
     return fit

@@ -47,7 +47,7 @@ MEASURABLE_FIELDS = (
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
-    "compute.ps_worker_extra_ms", "compute.fsdp_copy_GBps",
+    "compute.ps_worker_extra_ms", "compute.copy_GBps",
 )
 
 
@@ -86,7 +86,7 @@ class MeasuredFits:
     # CPU hosts: a PS worker's compute beyond the model's, per workload (parameter
     # "compute.ps_worker_extra_ms.<workload>", value in ms)
     ps_worker_extra: tuple[FitResult, ...] = ()
-    fsdp_copy_GBps: FitResult | None = None         # CPU hosts: FSDP2's copies on gloo
+    copy_GBps: FitResult | None = None         # CPU hosts: FSDP2's and DDP's copies
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +149,8 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                 w.workload: {"whole_step_factor": w.whole_step_factor.value,
                              "core_contention": w.core_contention.value}
                 for w in fits.by_workload}
-        if fits.fsdp_copy_GBps is not None or c.fsdp_copy_GBps:
-            compute["fsdp_copy_GBps"] = _value(fits.fsdp_copy_GBps, c.fsdp_copy_GBps)
+        if fits.copy_GBps is not None or c.copy_GBps:
+            compute["copy_GBps"] = _value(fits.copy_GBps, c.copy_GBps)
         if fits.ps_worker_extra:
             compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
                                              for r in fits.ps_worker_extra}
@@ -244,7 +244,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
-              fits.whole_step_factor, fits.fsdp_copy_GBps):
+              fits.whole_step_factor, fits.copy_GBps):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

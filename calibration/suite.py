@@ -110,7 +110,7 @@ class SuiteSize:
     second_ddp: bool
     cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
     cores_workloads: int            # how many workloads get them (compute.by_workload)
-    fsdp_repeats: int               # FSDP runs for compute.fsdp_copy_GBps (CPU, >= 2 ranks)
+    fsdp_repeats: int               # FSDP runs for compute.copy_GBps (CPU, >= 2 ranks)
 
 
 FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, iters=None,
@@ -227,8 +227,8 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 _training("ps", w, 1, size.steps,
                           {"mode": "sync", "eval_every": size.steps + WARMUP_STEPS + 1}, common),
                 r, optional=i > 0 or r > 1)
-    # CPU hosts: FSDP2's copies around its gloo collectives (compute.fsdp_copy_GBps,
-    # calibration/from_store.py `_fsdp_copy`), on the workload whose parameter bytes weigh
+    # CPU hosts: FSDP2's copies around its gloo collectives (compute.copy_GBps,
+    # calibration/from_store.py `_copy_rate`), on the workload whose parameter bytes weigh
     # most against its FLOPs (mlp: its copies take longer than its passes; cnn-small's would
     # be a few % of its step, under the noise).
     if kind == "cpu" and ranks >= 2:

@@ -5,6 +5,9 @@ The 1-minute load average cannot tell a run's own processes from other work on t
 
 - `cpu_s`: this process's CPU time, every thread (`time.process_time`: user + system, the
   gloo threads included); summed over a run's ranks as rates, the cores the run kept busy;
+- `thread_cpu_s`: the training loop's own thread (`time.thread_time`, the thread that calls
+  `mark`): its host work (autograd, hooks, copies, the optimizer) without the collectives,
+  which gloo runs on threads of its own; `cpu_s - thread_cpu_s` is their CPU;
 - `host_busy_cores`: the host's busy share over the window from /proc/stat (user, nice,
   system, irq, softirq and steal jiffies over all of them, idle and iowait included) times
   its CPUs; absent where /proc/stat is not readable (not Linux).
@@ -32,6 +35,7 @@ class CpuMark:
 
     wall_s: float                       # time.perf_counter()
     process_s: float                    # time.process_time()
+    thread_s: float                     # time.thread_time() of the calling thread
     host: tuple[int, int, int] | None   # (busy jiffies, all jiffies, CPUs) or None
 
 
@@ -55,14 +59,16 @@ def host_jiffies(path: Path = PROC_STAT) -> tuple[int, int, int] | None:
 
 def mark(path: Path = PROC_STAT) -> CpuMark:
     return CpuMark(wall_s=time.perf_counter(), process_s=time.process_time(),
-                   host=host_jiffies(path))
+                   thread_s=time.thread_time(), host=host_jiffies(path))
 
 
 def usage(start: CpuMark, end: CpuMark | None = None) -> dict[str, float]:
-    """Summary fields for the window from `start` to `end` (now): cpu_s, cpu_window_s and,
-    where /proc/stat was readable at both ends and jiffies passed, host_busy_cores."""
+    """Summary fields for the window from `start` to `end` (now, on the thread that marked
+    `start`): cpu_s, thread_cpu_s, cpu_window_s and, where /proc/stat was readable at both
+    ends and jiffies passed, host_busy_cores."""
     end = end or mark()
     out = {"cpu_s": max(end.process_s - start.process_s, 0.0),
+           "thread_cpu_s": max(end.thread_s - start.thread_s, 0.0),
            "cpu_window_s": max(end.wall_s - start.wall_s, 0.0)}
     if start.host and end.host:
         busy = end.host[0] - start.host[0]

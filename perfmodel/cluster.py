@@ -160,17 +160,21 @@ class Compute:
     # precision (profile [compute.by_precision.<precision>]); the fields above hold for
     # every other precision.
     by_precision: tuple[PrecisionCompute, ...] = ()
-    # FSDP2's copies around its collectives (perfmodel/sim/fsdp.py copy_seconds), bytes a
+    # The host's copies of gradients and parameters in and out of communication buffers:
+    # FSDP2's around its collectives (perfmodel/sim/fsdp.py copy_seconds) and DDP's reducer
+    # copying gradients into its buckets and back (perfmodel/sim/ddp.py host_passes), GB a
     # second: fitted on a CPU host from the calibration's FSDP runs (calibration/
-    # from_store.py `_fsdp_copy`), whose copies ran at 4-5 GB/s where the optimizer streams
+    # from_store.py `_copy_rate`), whose copies ran at 4-5 GB/s where the optimizer streams
     # 13 GB/s (torch.profiler, mlp on 2 gloo ranks, 2026-12-05: copies into buffers FSDP2
-    # allocates afresh every step, from buffers another thread just received). 0 = not
-    # measured: optimizer_GBps.
-    fsdp_copy_GBps: float = 0.0
+    # allocates afresh every step, from buffers another thread just received; a timed-wait
+    # DDP rank's own thread burnt 5.8-6.2 ms a step on 2 ranks for 25.8 MB of bucket copies
+    # and 12.9 MB of zero gradients: 6.3 GB/s). 0 = not measured: optimizer_GBps. Profiles
+    # written before 2026-12-05 call it fsdp_copy_GBps.
+    copy_GBps: float = 0.0
 
-    def fsdp_copy_Bps(self) -> float:
-        """FSDP2's copy rate in bytes a second (fsdp_copy_GBps, else optimizer_GBps)."""
-        return (self.fsdp_copy_GBps or self.optimizer_GBps) * 1e9
+    def copy_Bps(self) -> float:
+        """The host's copy rate in bytes a second (copy_GBps, else optimizer_GBps)."""
+        return (self.copy_GBps or self.optimizer_GBps) * 1e9
 
     def _precision(self, precision: str | None) -> PrecisionCompute | None:
         return next((p for p in self.by_precision if p.precision == precision), None)
@@ -494,7 +498,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             by_workload=_by_workload(comp),
             ps_worker_extra_ms=_ps_worker_extra(comp),
             by_precision=_by_precision(comp),
-            fsdp_copy_GBps=comp.number("fsdp_copy_GBps", 0.0),
+            copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
                       **_server_update(srv)),

@@ -173,7 +173,7 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert sum(m.progress_total for m in quick) < sum(m.progress_total for m in full)
     assert {m.config["kind"] for m in full} == {"collectives", "compute", "ddp", "ps", "fsdp"}
     assert {m.config["kind"] for m in quick} == {"collectives", "compute", "ddp", "ps"}
-    # FSDP's copies (compute.fsdp_copy_GBps): on the workload whose parameters weigh most
+    # FSDP's copies (compute.copy_GBps): on the workload whose parameters weigh most
     # against its FLOPs, twice, a variant set B does not run at 2 workers
     fsdp = [m for m in full if m.config["kind"] == "fsdp"]
     assert [(m.config["workload"], m.config["workers"], m.config["options"]["fsdp"]["variant"])

@@ -37,13 +37,15 @@ def test_an_unreadable_or_short_stat_gives_no_host_numbers(tmp_path, text):
 
 
 def test_usage_is_the_busy_share_of_the_window_times_the_cpus():
-    start = cpu_meter.CpuMark(wall_s=10.0, process_s=1.0, host=(100, 1000, 2))
-    end = cpu_meter.CpuMark(wall_s=12.0, process_s=2.5, host=(250, 1200, 2))
+    start = cpu_meter.CpuMark(wall_s=10.0, process_s=1.0, thread_s=0.5, host=(100, 1000, 2))
+    end = cpu_meter.CpuMark(wall_s=12.0, process_s=2.5, thread_s=1.1, host=(250, 1200, 2))
     u = cpu_meter.usage(start, end)
     assert u["cpu_s"] == pytest.approx(1.5, rel=EXACT)
+    assert u["thread_cpu_s"] == pytest.approx(0.6, rel=EXACT)
     assert u["cpu_window_s"] == pytest.approx(2.0, rel=EXACT)
     assert u["host_busy_cores"] == pytest.approx(150 / 200 * 2, rel=EXACT)
-    no_host = cpu_meter.usage(start, cpu_meter.CpuMark(wall_s=12.0, process_s=2.5, host=None))
+    no_host = cpu_meter.usage(start, cpu_meter.CpuMark(wall_s=12.0, process_s=2.5,
+                                                       thread_s=1.1, host=None))
     assert "host_busy_cores" not in no_host
 
 
@@ -154,3 +156,16 @@ def test_the_models_server_phases_reply_to_every_sync_worker_and_once_async():
     sync, async_ = phases["sync-ps"], phases["async-ps"]
     assert sync["reply_s"] == pytest.approx(3 * async_["reply_s"], rel=EXACT)
     assert sync["recv_s"] == async_["recv_s"] and sync["update_s"] == async_["update_s"]
+
+
+def test_the_thread_counter_is_the_calling_threads_alone():
+    """CPU burnt on another thread (as gloo's) is in cpu_s, not in thread_cpu_s."""
+    import threading
+
+    start = cpu_meter.mark()
+    spin = threading.Thread(target=lambda: sum(i * i for i in range(2_000_000)))
+    spin.start()
+    spin.join()
+    u = cpu_meter.usage(start)
+    assert u["cpu_s"] - u["thread_cpu_s"] > 0.02
+    assert u["thread_cpu_s"] < u["cpu_s"]

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from calibration.from_store import _fsdp_copy
+from calibration.from_store import _copy_rate
 from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
 from perfmodel.cluster import load_cluster, parse_profile
 from perfmodel.sim.compute import unit_times
@@ -84,18 +84,18 @@ def test_the_fsdp_copy_rate_is_recovered_written_and_simulated():
     runs = [_fsdp_run(_step_compute_s(base, "grad-op", true_Bps) * f) for f in (0.98, 1.02)]
     runs += [_fsdp_run(9.0, mode="timed-wait"), _fsdp_run(9.0, workers=1)]   # left out
     notes: list[str] = []
-    fit = _fsdp_copy(runs, base, notes)
+    fit = _copy_rate(runs, base, notes)
     assert fit is not None and fit.value == pytest.approx(4.5, rel=0.05)
     assert any("in-sample" in n for n in notes)
-    assert _fsdp_copy(runs, load_cluster("a100"), []) is None           # NCCL: not fitted
+    assert _copy_rate(runs, load_cluster("a100"), []) is None           # NCCL: not fitted
     short = [_fsdp_run(1e-4), _fsdp_run(1e-4)]          # faster than the passes alone
     notes = []
-    assert _fsdp_copy(short, base, notes) is None and "not fitted" in notes[0]
-    data = build_profile("local", base, MeasuredFits(fsdp_copy_GBps=fit),
+    assert _copy_rate(short, base, notes) is None and "not fitted" in notes[0]
+    data = build_profile("local", base, MeasuredFits(copy_GBps=fit),
                          RunInfo(host="h", device_names=(), versions="v", runs=2))
-    assert "compute.fsdp_copy_GBps" in data["calibration"]["measured"]
+    assert "compute.copy_GBps" in data["calibration"]["measured"]
     cluster = parse_profile(data, base.path)
-    assert cluster.compute.fsdp_copy_Bps() == pytest.approx(fit.value * 1e9)
+    assert cluster.compute.copy_Bps() == pytest.approx(fit.value * 1e9)
     # the simulator charges what the fit measured: a still, 2-rank full-shard step computes
     # what the same count at the fitted rate says (held-out variant: more copies)
     still = dataclasses.replace(cluster, compute=dataclasses.replace(cluster.compute,
@@ -107,7 +107,11 @@ def test_the_fsdp_copy_rate_is_recovered_written_and_simulated():
     assert simulated == pytest.approx(_step_compute_s(still, "full-shard", fit.value * 1e9),
                                       rel=1e-6)
     # unmeasured (GPU profiles, older local ones): the optimizer's rate, as before
-    assert base.compute.fsdp_copy_Bps() == base.compute.optimizer_GBps * 1e9
+    assert base.compute.copy_Bps() == base.compute.optimizer_GBps * 1e9
+    # a profile written before the rename (compute.fsdp_copy_GBps) keeps its rate
+    old = {**data, "compute": {k: v for k, v in data["compute"].items() if k != "copy_GBps"}
+           | {"fsdp_copy_GBps": fit.value}}
+    assert parse_profile(old, base.path).compute.copy_GBps == pytest.approx(fit.value)
 
 
 @pytest.mark.parametrize("copy_GBps", [0.5, 50.0])
@@ -117,7 +121,7 @@ def test_a_timed_wait_exposes_the_copies_its_sleeps_cannot_pay_back(copy_GBps):
     # C·s + max(W − C, 0) on a host where s is the wait for a core
     base = load_cluster("local")
     cluster = dataclasses.replace(base, compute_occupies_cores=False, compute=dataclasses.replace(
-        base.compute, jitter_cv=0.0, fsdp_copy_GBps=copy_GBps))
+        base.compute, jitter_cv=0.0, copy_GBps=copy_GBps))
     w = load_workload("mlp")
     scenario = Scenario(cluster=cluster, workload=w, workers=4, batch_size=64, steps=3)
     waits = unit_times(cluster, w, 64, optimizer_param_fraction=0.25,

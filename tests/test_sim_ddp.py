@@ -125,6 +125,23 @@ def test_the_reducer_copies_every_gradient_in_and_back_at_the_streaming_rate():
     assert alone.copy_in_s.sum() == alone.copy_back_s == 0.0
 
 
+def test_a_measured_copy_rate_prices_the_copies_and_leaves_the_divides_at_the_streaming_rate():
+    # compute.copy_GBps (a CPU host's FSDP runs): the copies into the buckets and back move at
+    # it, the hook's in-place divide at compute.optimizer_GBps as FSDP's divides do
+    base = make_cluster()
+    slow = base.compute.optimizer_GBps / 3.0
+    cluster = dataclasses.replace(base, compute=dataclasses.replace(base.compute, copy_GBps=slow))
+    wl = make_workload(units=6, params_per_unit=3_000_000)
+    buckets = gradient_buckets(wl, np.ones(6), 25.0, 1.0)
+    grad_bytes = 6 * 3_000_000 * wl.precision_spec.grad_bytes
+    hooked = DDP(DDP.Options(comm_hook="allreduce"))
+    passes = hooked.host_passes(scenario(cluster, wl, 8), buckets)
+    before = hooked.host_passes(scenario(base, wl, 8), buckets)
+    assert passes.copy_in_s.sum() == pytest.approx(grad_bytes / (slow * 1e9), rel=REL)
+    assert passes.copy_back_s == pytest.approx(3.0 * before.copy_back_s, rel=REL)
+    assert passes.before_s.sum() == pytest.approx(before.before_s.sum(), rel=REL)
+
+
 def test_a_hook_that_divides_costs_one_pass_over_the_gradients_when_compute_hides_the_rest():
     # with compute >> communication every bucket's divide but the last delays backward and
     # the last delays its own all-reduce: the step grows by exactly one pass
@@ -152,6 +169,10 @@ def test_the_reducer_passes_share_a_cpu_hosts_cores_and_a_timed_wait_keeps_only_
         timed = DDP().host_passes(scenario(waited, wl, ranks), buckets).copy_back_s
         assert real == pytest.approx(alone * share, rel=REL)
         assert timed == pytest.approx(alone * (share - 1.0), rel=REL)
+        # the harness writes each zero gradient before the reducer copies it in
+        copied = DDP().host_passes(scenario(local, wl, ranks), buckets).copy_in_s.sum()
+        written = DDP().host_passes(scenario(waited, wl, ranks), buckets).copy_in_s.sum()
+        assert written == pytest.approx(2.0 * copied * (share - 1.0) / share, rel=REL)
     assert local.compute_share(8, wl.name) > 3.0       # 8 ranks on 2 cores
 
 

@@ -11,8 +11,11 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   backward; the optimizer step runs after the last all-reduce, the next step after that;
 - the reducer's own memory-bound passes over the gradients (`reducer.cpp`, with the default
   gradient_as_bucket_view=False that perfmodel/memory.py assumes too), each a read and a write
-  of the bucket's bytes at `compute.optimizer_GBps`: as a gradient is computed it is copied
-  into its bucket (divided by the world size in the same pass, `at::mul_out`, unless a comm
+  of the bucket's bytes, copies at the host's copy rate (`compute.copy_Bps()`: on a CPU
+  host the rate fitted from the calibration's FSDP copies, which a timed-wait DDP rank's own
+  thread showed its copies run at too, docs/model.md; else `compute.optimizer_GBps`) and
+  in-place divides at `compute.optimizer_GBps`, as FSDP's: as a gradient is computed it is
+  copied into its bucket (divided by the world size in the same pass, `at::mul_out`, unless a comm
   hook is registered: then the copy is plain and the hook divides the bucket in a pass of its
   own before issuing its all-reduce, as torch's `allreduce_hook` does; bf16_compress_hook's
   cast and divide count as one such pass and its cast back as one more after the all-reduce);
@@ -23,7 +26,10 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   timer sees them). On a CPU host every rank of a node makes these passes at once, so they
   are stretched by `cluster.compute_share(ranks per node)`; in a timed wait only the stretch
   is left, since the harness pays their CPU time back from the sleeps
-  (`cores.own_work_s_per_byte`).
+  (`cores.own_work_s_per_byte`). A timed wait also writes every gradient, as zeros, on the
+  rank's own thread right before the reducer copies it (measure/timed_wait.py: the
+  gradient of a unit's one-element stand-in output is a fresh full-size tensor): one more
+  write of the gradient bytes at the copy rate, counted with the copy in.
 
 One SimPy process drives all workers at once: per-worker clocks are numpy arrays (workers run
 independently between collectives; a collective starts at the latest rank's ready time), and
@@ -205,20 +211,23 @@ class DDP:
     def host_passes(self, scenario: Scenario, buckets: list[Bucket]) -> HostPasses:
         """The reducer's passes over the gradients (none with one worker: no reducer here).
         On a CPU host all ranks of a node make them at once and share its cores; in a timed
-        wait only that sharing is left (cores.own_work_s_per_byte)."""
+        wait only that sharing is left (cores.own_work_s_per_byte), and the harness's zero
+        gradients are written with the copy in (module docstring)."""
         cluster, wl = scenario.cluster, scenario.workload
         nbytes = np.array([b.nbytes for b in buckets])
         if scenario.workers < 2 or not buckets:
             zeros = np.zeros(len(buckets))
             return HostPasses(np.zeros(len(wl.units)), zeros, zeros, 0.0)
         ranks = min(scenario.workers, cluster.devices_per_node)
-        per_byte = own_work_s_per_byte(cluster, ranks, wl.name)
+        copy = own_work_s_per_byte(cluster, ranks, wl.name, cluster.compute.copy_Bps())
+        divide = own_work_s_per_byte(cluster, ranks, wl.name)
         grads = np.array([u.params * wl.precision_spec.grad_bytes for u in wl.units])
         hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
         bf16 = self.options.grad_compression == "bf16"
-        return HostPasses(copy_in_s=grads * per_byte, before_s=nbytes * per_byte * hooked,
-                          after_s=nbytes * per_byte * bf16,
-                          copy_back_s=float(nbytes.sum() * per_byte))
+        written = 1.0 if cluster.compute_occupies_cores else 2.0    # + a timed wait's zeros
+        return HostPasses(copy_in_s=grads * copy * written, before_s=nbytes * divide * hooked,
+                          after_s=nbytes * divide * bf16,
+                          copy_back_s=float(nbytes.sum() * copy))
 
     def host_compute_s(self, scenario: Scenario) -> float:
         """Seconds of the reducer's passes a run counts as compute (HostPasses.in_compute_s),

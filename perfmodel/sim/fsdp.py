@@ -22,7 +22,7 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   gloo, which cannot average, has the whole input divided (g, in place). Counted with
   torch.profiler on torch 2.13 (`copy_bytes`): a full-shard step copies 7.5x the parameter
   bytes at 2 gloo ranks (6.75x at 4), grad-op 5x (4.5x), each within 0.1x of the count.
-  Copies move at `compute.fsdp_copy_GBps` (fitted on a CPU host from the calibration's FSDP
+  Copies move at `compute.copy_GBps` (fitted on a CPU host from the calibration's FSDP
   run: they ran at 4-5 GB/s where the optimizer streams 13 GB/s; elsewhere the optimizer's
   `compute.optimizer_GBps`, the same kind of foreach pass over memory), divides at
   optimizer_GBps, stretched by core sharing like
@@ -144,12 +144,12 @@ def divide_bytes(scenario: Scenario, blocking: bool) -> np.ndarray:
 
 def copy_seconds(scenario: Scenario, regather: bool, busy: float, blocking: bool
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Per unit: seconds of FSDP2's copies (at compute.fsdp_copy_GBps) and in-place divides
+    """Per unit: seconds of FSDP2's copies (at compute.copy_GBps) and in-place divides
     (at compute.optimizer_GBps) in its forward and in its backward, every rank of the node
     copying at once (cores.own_work_s_per_byte)."""
     cluster, wl = scenario.cluster, scenario.workload
     forward, backward = copy_bytes(scenario, regather, blocking)
-    copy = own_work_s_per_byte(cluster, busy, wl.name, cluster.compute.fsdp_copy_Bps())
+    copy = own_work_s_per_byte(cluster, busy, wl.name, cluster.compute.copy_Bps())
     divide = own_work_s_per_byte(cluster, busy, wl.name)
     return forward * copy, backward * copy + divide_bytes(scenario, blocking) * divide
 
@@ -166,7 +166,7 @@ def unpaid_copy_s(scenario: Scenario, regather: bool, blocking: bool, waits: Uni
     if not cluster.compute_cpu_cores_per_node or cluster.compute_occupies_cores:
         return 0.0
     forward, backward = copy_bytes(scenario, regather, blocking)
-    cpu_s = (float(forward.sum() + backward.sum()) / cluster.compute.fsdp_copy_Bps()
+    cpu_s = (float(forward.sum() + backward.sum()) / cluster.compute.copy_Bps()
              + float(divide_bytes(scenario, blocking).sum())
              / (cluster.compute.optimizer_GBps * 1e9))
     slept_s = float(waits.forward_s.sum() + waits.backward_s.sum()) + waits.optimizer_s
