@@ -128,6 +128,9 @@ def test_a_timed_wait_exposes_the_copies_its_sleeps_cannot_pay_back(copy_GBps):
                        busy=cluster.ranks_busy(4))
     W = float(waits.forward_s.sum() + waits.backward_s.sum()) + waits.optimizer_s
     forward, backward = copy_bytes(scenario, False, blocking=True)
+    real = copy_bytes(dataclasses.replace(scenario, cluster=base), False, blocking=True)[1]
+    # the harness's zero gradients: one more write of the gradient bytes in backward
+    assert backward.sum() - real.sum() == pytest.approx(w.params * 4, rel=1e-9)
     C = (float(forward.sum() + backward.sum()) / (copy_GBps * 1e9)
          + float(divide_bytes(scenario, True).sum()) / (base.compute.optimizer_GBps * 1e9))
     s = cluster.compute_share(4, "mlp")

@@ -120,15 +120,20 @@ def copy_bytes(scenario: Scenario, regather: bool, blocking: bool) -> tuple[np.n
     """Per unit: bytes FSDP2 copies in its forward and in its backward around the unit's
     collectives (module docstring), each byte read once and written once; none with 1 rank.
     Counted with torch.profiler on torch 2.13 (mlp and cnn-small, 2 and 4 gloo ranks, both
-    variants: within 0.1x the parameter bytes)."""
+    variants: within 0.1x the parameter bytes). A timed wait on a CPU host also writes each
+    unit's whole gradient as zeros before its reduce-scatter copies it in (measure/
+    timed_wait.py, as in perfmodel/sim/ddp.py): g more in backward."""
     n = scenario.workers
     if n < 2:
         return np.zeros(len(scenario.workload.units)), np.zeros(len(scenario.workload.units))
     b, g = _unit_bytes(scenario)
+    cluster = scenario.cluster
+    zeros = 1.0 if cluster.compute_cpu_cores_per_node and not cluster.compute_occupies_cores \
+        else 0.0
     # shard in + output out; gloo: its flat output copied out once more
     gather = b * (1.0 / n + 1.0 + (1.0 if blocking else 0.0))
     # gradients in; gloo: a clone of the input and the reduced shard copied out
-    scatter = g * (1.0 + (1.0 + 1.0 / n if blocking else 0.0))
+    scatter = g * (1.0 + zeros + (1.0 + 1.0 / n if blocking else 0.0))
     return gather, (gather if regather else 0.0) + scatter
 
 
