@@ -18,7 +18,7 @@ import pytest
 from perfmodel.cluster import Link
 from perfmodel.sim import cores
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
-from perfmodel.sim.compute import ps_worker_seconds, unit_times
+from perfmodel.sim.compute import ps_worker_host_seconds, ps_worker_seconds, unit_times
 from perfmodel.sim.ddp import DDP
 from perfmodel.sim.fsdp import FSDP
 from perfmodel.sim.ps import AsyncPS, SyncPS
@@ -212,14 +212,21 @@ def test_cpu_copies_of_ps_transfers_count_as_busy_processes():
     assert 1.0 < stretch[2] <= 1.5 + 1e-9
 
 
-def test_timed_wait_workers_sleep_unstretched_while_applies_and_copies_still_share():
-    # perfmodel compare's timed-wait runs: the workers' compute is a sleep (no core), the
-    # server's applies and the messages' CPU copies are real work on the host's cores
+def test_timed_wait_workers_sleep_and_wait_for_a_core_only_for_their_own_cpu_work():
+    # perfmodel compare's timed-wait runs: the workers' compute is a sleep (no core), their
+    # own CPU work (copies, zero gradients: paid back from the sleeps), the server's applies
+    # and the messages' CPU copies are real work on the host's cores; a worker's compute is
+    # its sleeps plus the wait for a core of its own work: paid x (stretch - 1), the stretch
+    # at most that of every process busy at once
     host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
     sc = Scenario(cluster=host, workload=WORKLOAD, workers=8, batch_size=32, jitter="none")
     nominal = ps_worker_seconds(host, WORKLOAD, 32)
+    paid = ps_worker_host_seconds(host, WORKLOAD)
     result = AsyncPS().simulate(sc)
-    assert _compute_s(result) == pytest.approx(nominal, rel=EXACT_TOL)
+    assert paid > 0
+    assert nominal < _compute_s(result) <= \
+        nominal + paid * (host.compute_share(8 + 1 + 2 * 8) - 1.0) + 1e-12
+    assert ps_worker_host_seconds(cpu_host(2), WORKLOAD) < paid         # + the zero gradients
     free = dataclasses.replace(host, compute_cpu_cores_per_node=0, comm_cpu_cores_per_node=0,
                                server=dataclasses.replace(host.server, link="inter_node"))
     done = [s for s in result.steps if s.step >= 2]

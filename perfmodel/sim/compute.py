@@ -111,19 +111,28 @@ def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fractio
 
 def ps_worker_seconds(cluster: ClusterProfile, workload: Workload, batch_size: int) -> float:
     """A parameter-server worker's nominal compute of one step: forward + backward (no
-    optimizer: the server applies) and its own two passes over the model (measure/runs/ps.py
-    `work`): the pulled flat parameters copied into the model's parameters and the gradients
-    concatenated into the flat push buffer, one read and write of their bytes each at
-    compute.optimizer_GBps, plus what a CPU host's calibration measured beyond that for the
-    workload (compute.ps_worker_extra_ms). In a timed wait the harness pays that CPU work
-    back from the sleeps (measure/timed_wait.py), so only the passes are left."""
+    optimizer: the server applies) and its own CPU work (`ps_worker_host_seconds`). In a timed
+    wait the harness pays that CPU work back from the sleeps (measure/timed_wait.py), so only
+    the passes are left here; what the work still costs there, the wait for a core, is the
+    PS simulation's (perfmodel/sim/ps.py, `_sharing_stretch`)."""
     passes = unit_times(cluster, workload, batch_size, optimizer_param_fraction=0).step_s
     if not cluster.compute_occupies_cores:
         return passes
+    return passes + ps_worker_host_seconds(cluster, workload)
+
+
+def ps_worker_host_seconds(cluster: ClusterProfile, workload: Workload) -> float:
+    """A PS worker's own CPU work a step beside its passes (measure/runs/ps.py `work`): the
+    pulled flat parameters copied into the model's parameters and the gradients
+    concatenated into the flat push buffer, one read and write of their bytes each at the
+    host's copy rate (compute.copy_Bps), plus what a CPU host's calibration measured beyond
+    that for the workload (compute.ps_worker_extra_ms); a timed wait also writes every
+    gradient as zeros (measure/timed_wait.py), one more pass over the gradient bytes."""
     p = workload.precision_spec
     copies = workload.params * (p.param_bytes + p.grad_bytes)
-    return (passes + copies / (cluster.compute.optimizer_GBps * 1e9)
-            + cluster.compute.ps_worker_extra_s(workload.name))
+    if not cluster.compute_occupies_cores:
+        copies += workload.params * p.grad_bytes
+    return copies / cluster.compute.copy_Bps() + cluster.compute.ps_worker_extra_s(workload.name)
 
 
 class StepNoise:

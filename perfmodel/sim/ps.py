@@ -91,7 +91,12 @@ from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import cores, psnet
-from perfmodel.sim.compute import StepNoise, optimizer_seconds, ps_worker_seconds
+from perfmodel.sim.compute import (
+    StepNoise,
+    optimizer_seconds,
+    ps_worker_host_seconds,
+    ps_worker_seconds,
+)
 from perfmodel.sim.engine import CountingEnvironment, quiet_gc
 from perfmodel.sim.records import (
     CommRecord,
@@ -162,16 +167,23 @@ class SSPPSOptions:
 class _ComputeTimes:
     """Forward + backward seconds of (worker, step): nominal x StepNoise. Rows (one per step,
     every worker) are drawn in step order, so a pair gets the same draw whatever the event
-    order: common random numbers across strategies, bandwidths and options."""
+    order: common random numbers across strategies, bandwidths and options.
 
-    def __init__(self, noise: StepNoise, nominal_s: float, stretch=None):
+    In a timed wait (`paid_s` > 0: the worker's own CPU work a step, which the harness pays
+    back from its sleeps) the stretch is that work's, and only the wait for a core is added:
+    nominal x StepNoise + paid x (stretch - 1), as DDP's copies in a timed wait."""
+
+    def __init__(self, noise: StepNoise, nominal_s: float, stretch=None, paid_s: float = 0.0):
         self.noise, self.rows = noise, []
-        # per-worker core/device sharing stretch (cores.py), folded into the nominal time
-        self.nominal_s = nominal_s if stretch is None else nominal_s * np.asarray(stretch)
+        self.nominal_s, self.extra_s = nominal_s, 0.0
+        if stretch is not None and paid_s > 0:
+            self.extra_s = paid_s * (np.asarray(stretch) - 1.0)
+        elif stretch is not None:   # per-worker sharing stretch (cores.py) of the compute
+            self.nominal_s = nominal_s * np.asarray(stretch)
 
     def seconds(self, worker: int, step: int) -> float:
         while step >= len(self.rows):
-            self.rows.append((self.noise.draw() * self.nominal_s).tolist())
+            self.rows.append((self.noise.draw() * self.nominal_s + self.extra_s).tolist())
         return self.rows[step][worker]
 
 
@@ -301,6 +313,9 @@ class _PSRun:
         self.server_names = [f"server{s.index}" for s in self.servers]
         self.service = service          # None: every transfer and apply takes its mean
         nominal = ps_worker_seconds(cluster, wl, scenario.batch_size)
+        # a timed wait's own CPU work (paid back from the sleeps, still holding a core)
+        self.paid_s = (ps_worker_host_seconds(cluster, wl) if cluster.compute_cpu_cores_per_node
+                       and not cluster.compute_occupies_cores else 0.0)
         # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
         # stretch, per-node transfer stretch) from the previous round of the fixed point,
         # and the spans it measures
@@ -308,7 +323,7 @@ class _PSRun:
         self.workload_name = wl.name
         worker_stretch, server_stretch, link_stretch = stretch or (None, None, None)
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
-                                     worker_stretch)
+                                     worker_stretch, self.paid_s)
         self.compute_spans: list[list[tuple[float, float]]] | None = None
         self.speeds = scenario.speeds
         # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
@@ -734,15 +749,16 @@ def _sharing_stretch(run: _PSRun, first: bool = False
                 for w in ws:
                     workers[w] = on_cores_share(cluster.ranks_busy(len(ws)))
             continue
-        compute = [_busy_part(span, run.speeds[w] if on_cores else 1.0)
-                   for w in ws for span in run.compute_spans[w]]
+        if cluster.compute_occupies_cores:
+            compute = [_busy_part(span, run.speeds[w] if on_cores else 1.0)
+                       for w in ws for span in run.compute_spans[w]]
+        else:   # a timed wait: only the worker's own CPU work holds a core, at the start
+            compute = [(a, min(b, a + run.paid_s)) for w in ws for a, b in run.compute_spans[w]]
+            compute = [span for span in compute if span[1] > span[0]]
         share = on_cores_share if on_cores else cores.device_share
         copies = [run.copy_spans[node]] if copying else []
         applies = [run.servers[i].spans for i in ss]
-        if cluster.compute_occupies_cores:
-            stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
-        else:                       # a timed wait: sleeps, shares nothing, is not slowed
-            compute, stretch_w = [], 1.0
+        stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
         for w in ws:
             workers[w] = stretch_w
         for i in ss:     # the server computes beside the workers it overlaps, and the others
