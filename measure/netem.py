@@ -35,6 +35,7 @@ from measure.launch import (
     torchrun_command,
     worker_env,
 )
+from measure.protocol import PIN_OFFSET_ENV
 from perfmodel.errors import PerfmodelError
 
 SUBNET = "10.213.0"          # private addresses, visible only inside the two namespaces
@@ -117,7 +118,9 @@ def launch_capped(config: dict, nproc: int, rate_Gbps: float, *, run_root: Path 
                     "--rdzv-conf", f"is_host={int(k == 0)}"]
             command = ["ip", "netns", "exec", link.namespaces[k],
                        *torchrun_command(run_dir, per_node[k], args)]
-            env = worker_env(config, local=False, extra={"GLOO_SOCKET_IFNAME": link.devices[k]})
+            # both nodes' ranks share this host's cores: node 1's pin after node 0's
+            env = worker_env(config, local=False, extra={
+                "GLOO_SOCKET_IFNAME": link.devices[k], PIN_OFFSET_ENV: str(sum(per_node[:k]))})
             jobs.append(Job(command=command, env=env, log_name=f"torchrun-node{k}.log"))
         return supervise(run_dir, jobs, timeout_s=timeout_s, progress=progress,
                          oversubscribed=over, journal=journal,

@@ -126,14 +126,22 @@ def pin_plan(nproc: int, threads_per_rank: int, cores: Sequence[int]
                  for i in range(nproc))
 
 
+PIN_OFFSET_ENV = "PERFMODEL_PIN_OFFSET"
+
+
 def apply_pin(config: dict[str, Any], local_rank: int,
-              setaffinity: Callable[[int, set[int]], None] | None = None) -> tuple[int, ...]:
-    """Pin this process as config.json's `protocol.pin_cores` says for `local_rank`; return
-    the cores (empty: not pinned). Called by each rank before torch starts its threads."""
+              setaffinity: Callable[[int, set[int]], None] | None = None,
+              offset: int = 0) -> tuple[int, ...]:
+    """Pin this process as config.json's `protocol.pin_cores` says for its place among the
+    host's ranks, `offset + local_rank`; return the cores (empty: not pinned). Called by each
+    rank before torch starts its threads. `offset` is the ranks of this host's earlier
+    torchruns (measure/netem.py runs two emulated nodes on one host, each a torchrun whose
+    local ranks start at 0: without it both nodes' rank 0 shared core 0, the other idle)."""
     plan = (config.get("protocol") or {}).get("pin_cores")
-    if not plan or local_rank >= len(plan):
+    index = offset + local_rank
+    if not plan or index >= len(plan):
         return ()
-    cores = tuple(int(c) for c in plan[local_rank])
+    cores = tuple(int(c) for c in plan[index])
     try:
         (setaffinity or os.sched_setaffinity)(0, set(cores))
     except (AttributeError, OSError, ValueError):   # the cores went away: run unpinned

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from measure.context import RunContext
 from measure.lifeline import tie_rank_to_torchrun
-from measure.protocol import apply_pin
+from measure.protocol import PIN_OFFSET_ENV, apply_pin
 from measure.recorder import Recorder
 
 
@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     recorder = Recorder(run_dir, rank)
-    pinned = apply_pin(config, local_rank)      # before torch starts its threads
+    pinned = apply_pin(config, local_rank,      # before torch starts its threads
+                       offset=int(os.environ.get(PIN_OFFSET_ENV, 0)))
 
     import torch
     import torch.distributed as dist

@@ -101,6 +101,15 @@ def test_apply_pin_sets_the_affinity_of_its_local_rank():
     assert calls == [(0, {1})]
 
 
+def test_apply_pin_counts_the_ranks_of_the_hosts_earlier_torchruns():
+    # measure/netem.py: two emulated nodes on one host, each a torchrun from local rank 0
+    calls = []
+    config = {"protocol": {"pin_cores": [[0], [1]]}}
+    assert apply_pin(config, 0, lambda pid, cores: calls.append(cores), offset=1) == (1,)
+    assert apply_pin(config, 1, lambda pid, cores: calls.append(cores), offset=1) == ()
+    assert calls == [{1}]
+
+
 def test_apply_pin_does_nothing_without_a_plan_or_when_the_core_is_refused():
     calls = []
     assert apply_pin({}, 0, lambda pid, cores: calls.append(cores)) == ()
