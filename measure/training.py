@@ -27,7 +27,7 @@ from measure.memtrack import live_memory, measure_memory
 from measure.models import ModelSpec
 from measure.models import make_optimizer as make_workload_optimizer
 from measure.settings import Settings
-from measure.timing import DeviceClock, Straggler, allreduce_max
+from measure.timing import DeviceClock, SlowUnits, Straggler, allreduce_max
 
 MEMORY_STEPS = 2                    # extra steps measured under the memory tracker
 
@@ -75,7 +75,11 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
     """
     spec = settings.spec
     data = DataSource(spec, settings.batch_size, settings.seed, ctx.rank, ctx.device)
-    straggler = Straggler(settings.worker_speed(ctx.rank))
+    speed = settings.worker_speed(ctx.rank)
+    straggler = Straggler(speed)
+    # a CPU straggler sleeps inside its passes, as a slower device (measure/timing.py)
+    slow = (SlowUnits(list(getattr(model, "module", model).children()), speed)
+            if speed < 1.0 and not ctx.device.startswith("cuda") else None)
     clock = DeviceClock(ctx.device)
     walls, computes, comms, slept = [], [], [], []
     start = 0.0
@@ -87,13 +91,16 @@ def data_parallel_training(ctx: RunContext, settings: Settings, model: torch.nn.
             cpu_start = cpu_meter.mark()
         x, y = data.next_batch()
         comm.start_step()
+        if slow is not None:
+            slow.start_step()
         t0 = clock.mark()
         optimizer.zero_grad(set_to_none=True)
         loss = spec.loss(model(x), y)
         loss.backward()
         t_backward = clock.mark()
         comm_s = comm.comm_wait_s(t0, t_backward)
-        slept_s = straggler.delay(clock.seconds(t0, t_backward) - comm_s)
+        slept_s = (slow.slept_s if slow is not None
+                   else straggler.delay(clock.seconds(t0, t_backward) - comm_s))
         if settings.compute_wait is not None:
             settings.compute_wait.sleeper.sleep(settings.compute_wait.optimizer_s)
         else:
