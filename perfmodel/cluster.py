@@ -358,6 +358,12 @@ class ClusterProfile:
         return (1.0 + self.compute.contention(workload) * (min(busy, cores) - 1.0)) \
             * max(1.0, busy / cores)
 
+    @property
+    def timed_wait(self) -> bool:
+        """A CPU host whose workers' compute is a sleep (`perfmodel compare`'s timed-wait runs,
+        measure/timed_wait.py): their own CPU work is paid back from the sleeps."""
+        return bool(self.compute_cpu_cores_per_node) and not self.compute_occupies_cores
+
     def ranks_busy(self, ranks_per_node: int) -> int:
         """Busy processes a DDP/FSDP rank computes beside: its node's ranks, or 1 where the
         compute occupies no core (a timed wait)."""

@@ -130,7 +130,7 @@ def ps_worker_host_seconds(cluster: ClusterProfile, workload: Workload) -> float
     gradient as zeros (measure/timed_wait.py), one more pass over the gradient bytes."""
     p = workload.precision_spec
     copies = workload.params * (p.param_bytes + p.grad_bytes)
-    if not cluster.compute_occupies_cores:
+    if cluster.timed_wait:
         copies += workload.params * p.grad_bytes
     return copies / cluster.compute.copy_Bps() + cluster.compute.ps_worker_extra_s(workload.name)
 

@@ -224,7 +224,7 @@ class DDP:
         grads = np.array([u.params * wl.precision_spec.grad_bytes for u in wl.units])
         hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
         bf16 = self.options.grad_compression == "bf16"
-        written = 1.0 if cluster.compute_occupies_cores else 2.0    # + a timed wait's zeros
+        written = 2.0 if cluster.timed_wait else 1.0               # + a timed wait's zeros
         return HostPasses(copy_in_s=grads * copy * written, before_s=nbytes * divide * hooked,
                           after_s=nbytes * divide * bf16,
                           copy_back_s=float(nbytes.sum() * copy))

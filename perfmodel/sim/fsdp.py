@@ -128,8 +128,7 @@ def copy_bytes(scenario: Scenario, regather: bool, blocking: bool) -> tuple[np.n
         return np.zeros(len(scenario.workload.units)), np.zeros(len(scenario.workload.units))
     b, g = _unit_bytes(scenario)
     cluster = scenario.cluster
-    zeros = 1.0 if cluster.compute_cpu_cores_per_node and not cluster.compute_occupies_cores \
-        else 0.0
+    zeros = 1.0 if cluster.timed_wait else 0.0
     # shard in + output out; gloo: its flat output copied out once more
     gather = b * (1.0 / n + 1.0 + (1.0 if blocking else 0.0))
     # gradients in; gloo: a clone of the input and the reduced shard copied out
@@ -168,7 +167,7 @@ def unpaid_copy_s(scenario: Scenario, regather: bool, blocking: bool, waits: Uni
     C·s + max(W − C, 0), which is W + C·(s − 1) + max(C − W, 0). 0 outside a timed wait
     (a CPU host whose compute does not occupy the cores)."""
     cluster = scenario.cluster
-    if not cluster.compute_cpu_cores_per_node or cluster.compute_occupies_cores:
+    if not cluster.timed_wait:
         return 0.0
     forward, backward = copy_bytes(scenario, regather, blocking)
     cpu_s = (float(forward.sum() + backward.sum()) / cluster.compute.copy_Bps()

@@ -314,8 +314,7 @@ class _PSRun:
         self.service = service          # None: every transfer and apply takes its mean
         nominal = ps_worker_seconds(cluster, wl, scenario.batch_size)
         # a timed wait's own CPU work (paid back from the sleeps, still holding a core)
-        self.paid_s = (ps_worker_host_seconds(cluster, wl) if cluster.compute_cpu_cores_per_node
-                       and not cluster.compute_occupies_cores else 0.0)
+        self.paid_s = ps_worker_host_seconds(cluster, wl) if cluster.timed_wait else 0.0
         # core/device sharing (cores.py): (per-worker compute stretch, per-server apply
         # stretch, per-node transfer stretch) from the previous round of the fixed point,
         # and the spans it measures
