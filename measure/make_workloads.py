@@ -6,7 +6,9 @@ Writes one `<name>.toml` per model (default: all models, into perfmodel/data/wor
 Nothing is materialised: the model is built on the meta device and run once under
 `FakeTensorMode`, so GPT-2 XL's 1.5B parameters cost no memory. Per unit it records:
 
-- `params`: the exact parameter count of the unit (a tied weight belongs to one unit only).
+- `params`: the exact parameter count of the unit (a tied weight belongs to one unit only);
+  `tensor_params`: the same per parameter tensor, in `unit.parameters()` order (DDP fills
+  its gradient buckets with whole tensors).
 - `forward_flops_per_sample`: `torch.utils.flop_counter.FlopCounterMode` for one forward at
   the model's default batch, divided by the batch. The counter charges 2 FLOPs per
   multiply-add and counts only matrix products (mm, addmm, bmm, convolution, attention);
@@ -58,6 +60,7 @@ class UnitMeasure:
     autocast_output_bytes_per_sample: float = 0.0
     autocast_weight_cache_bytes: int = 0
     dropout_mask_bytes_per_sample: float = 0.0
+    tensor_params: tuple[int, ...] = ()
 
 
 NO_KERNEL_OPS = {"_unsafe_view", "detach", "lift_fresh"}
@@ -162,6 +165,9 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
     batch = batch_size or spec.batch_size
     dtype = torch.bfloat16 if spec.precision == "bf16-mixed" else torch.float32
     params, flops, moved, (saved, masks), out, _ = _pass(spec, batch, dtype, autocast=False)
+    with torch.device("meta"):
+        tensors = {name: tuple(p.numel() for p in unit.parameters())
+                   for name, unit in spec.build().named_children()}
     _, _, _, (ac_saved, _), ac_out, ac_cache = _pass(spec, batch, torch.float32, autocast=True)
     return [UnitMeasure(name=name, params=n, forward_flops_per_sample=flops[name] / batch,
                         activation_bytes_per_sample=saved[name] / batch,
@@ -171,7 +177,8 @@ def measure_units(spec: ModelSpec, batch_size: int | None = None) -> list[UnitMe
                         output_bytes_per_sample=out[name] / batch,
                         autocast_activation_bytes_per_sample=ac_saved[name] / batch,
                         autocast_output_bytes_per_sample=ac_out[name] / batch,
-                        autocast_weight_cache_bytes=ac_cache[name])
+                        autocast_weight_cache_bytes=ac_cache[name],
+                        tensor_params=tensors[name])
             for name, n in params.items()]
 
 
@@ -259,6 +266,7 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure], command: str | No
         "#   autocast_weight_cache_bytes: the bf16 weight copies autocast makes in the unit.",
         "#   dropout_mask_bytes_per_sample (units with dropout only): the 1-byte bool masks",
         "#   native_dropout saves, at every precision; not in the activation bytes above.",
+        "#   tensor_params: each parameter tensor's count, in unit.parameters() order.",
         "#   Exactly what is counted: measure/make_workloads.py.",
         f"name = {_string(spec.name)}",
         f"description = {_string(spec.description)}",
@@ -287,6 +295,8 @@ def render_workload(spec: ModelSpec, units: list[UnitMeasure], command: str | No
         if u.dropout_mask_bytes_per_sample:
             lines.append("dropout_mask_bytes_per_sample = "
                          f"{_number(u.dropout_mask_bytes_per_sample)}")
+        if u.tensor_params:
+            lines.append(f"tensor_params = [{', '.join(str(n) for n in u.tensor_params)}]")
     return "\n".join(lines) + "\n"
 
 

@@ -96,6 +96,10 @@ class Unit:
     # Dropout's 1-byte bool masks saved for backward (native_dropout, as on a GPU), the same
     # at every precision, so kept out of the activation bytes that scale with it.
     dropout_mask_bytes_per_sample: float = 0.0
+    # Parameter counts of the unit's tensors in `unit.parameters()` order (summing to
+    # `params`): DDP fills its gradient buckets with whole tensors (perfmodel/sim/ddp.py).
+    # Empty where unknown (a hand-written workload): the model then splits the unit pro rata.
+    tensor_params: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,6 +200,7 @@ def parse_workload(data: dict, path: Path) -> Workload:
             autocast_output_bytes_per_sample=u.number("autocast_output_bytes_per_sample", 0.0),
             autocast_weight_cache_bytes=u.integer("autocast_weight_cache_bytes", 0),
             dropout_mask_bytes_per_sample=u.number("dropout_mask_bytes_per_sample", 0.0),
+            tensor_params=_tensor_params(u),
         ))
     return Workload(
         name=f.str("name"),
@@ -210,6 +215,21 @@ def parse_workload(data: dict, path: Path) -> Workload:
                                            4 if precision == "fp32" else 2, minimum=1),
         accuracy_model=f.str("accuracy_model") if f.has("accuracy_model") else "",
     )
+
+
+def _tensor_params(u: Fields) -> tuple[int, ...]:
+    """A unit's optional `tensor_params`: non-negative integers that add up to its params."""
+    if not u.has("tensor_params"):
+        return ()
+    value = u.data["tensor_params"]
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise PerfmodelError(f"{u.path}: field '{u.prefix}tensor_params' must be a list of "
+                             "parameter counts (integers >= 0)")
+    if sum(value) != u.data.get("params"):
+        raise PerfmodelError(f"{u.path}: field '{u.prefix}tensor_params' adds up to "
+                             f"{sum(value)}, not the unit's params ({u.data.get('params')})")
+    return tuple(value)
 
 
 def workload_paths() -> dict[str, Path]:

@@ -22,6 +22,7 @@ from perfmodel.sim.collectives import allreduce_s
 from perfmodel.sim.compute import unit_times
 from perfmodel.sim.ddp import DDP, gradient_buckets
 from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import load_workload
 
 MiB = 2**20
 REL = 1e-9          # the event model against a closed form: float rounding only
@@ -318,3 +319,51 @@ def test_the_overlap_slowdown_lasts_as_long_as_the_collectives_not_the_straggler
     extra = {w: slow[w] - fast[w] for w in (0, 1)}
     assert extra[0] > 0
     assert extra[1] == pytest.approx(extra[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn-small", "transformer-small"])
+@pytest.mark.parametrize("cap_first", [(25.0, 1.0), (1.0, 1.0), (2.0, 0.5)])
+def test_whole_tensor_buckets_are_torchs(name, cap_first):
+    """A workload that lists its tensors is bucketed as torch's own assignment does it
+    (`dist._compute_bucket_assignment_by_size` over the parameters in reverse order): whole
+    tensors, a bucket closing once it reaches its limit."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from measure.models import MODELS
+
+    cap, first = cap_first
+    params = list(MODELS[name].build().parameters())[::-1]
+    indices, _ = dist._compute_bucket_assignment_by_size(
+        params, [int(first * MiB), int(cap * MiB)], [False] * len(params))
+    expected = [sum(params[i].numel() * 4 for i in bucket) for bucket in indices]
+    wl = load_workload(name)
+    buckets = gradient_buckets(wl, np.ones(len(wl.units)), cap, first)
+    assert [b.nbytes for b in buckets] == expected
+
+
+def test_measured_mlp_buckets_match():
+    # measure/runs/ddp.py's record of report 24's set A DDP mlp run (run 32,
+    # reports/local-2026-12-05-heldout-24/pooled/report-24-set-a.sqlite): bucket_count 2,
+    # first_bucket_bytes 4239400, largest_bucket_bytes 8663040
+    wl = load_workload("mlp")
+    buckets = gradient_buckets(wl, np.ones(len(wl.units)), 25.0, 1.0)
+    assert [b.nbytes for b in buckets] == [4_239_400, 8_663_040]
+
+
+def test_a_whole_tensor_bucket_is_ready_with_its_last_tensor():
+    # mlp with 1 MiB buckets: head + hidden3 (ready at the end of hidden3's backward), then
+    # each 1024x1024 layer alone; backward 1 s per unit, head first
+    wl = load_workload("mlp")
+    buckets = gradient_buckets(wl, np.ones(len(wl.units)), 1.0, 1.0)
+    assert len(buckets) == 4
+    assert [b.ready_backward_s for b in buckets[:3]] == pytest.approx([2.0, 3.0, 4.0], rel=REL)
+    assert buckets[3].ready_backward_s == pytest.approx(5.0, rel=REL)
+
+
+def test_a_workload_without_tensor_counts_is_split_pro_rata():
+    wl = load_workload("mlp")
+    bare = dataclasses.replace(wl, units=tuple(dataclasses.replace(u, tensor_params=())
+                                               for u in wl.units))
+    buckets = gradient_buckets(bare, np.ones(len(wl.units)), 1.0, 1.0)
+    assert len(buckets) == 13 and buckets[0].nbytes == pytest.approx(MiB, rel=REL)

@@ -125,11 +125,18 @@ def test_mlp_activation_counting_rule_by_hand():
     assert units["head"].activation_bytes_per_sample == 4 * 10 + 8 + 4 / 64
 
 
+_UNIT = ('name = "x"\ndescription = "d"\ngenerated_by = "g"\nprecision = "fp32"\n'
+         'optimizer = "sgd"\nbatch_size = 4\n\n[[units]]\nname = "a"\nparams = 4\n'
+         'forward_flops_per_sample = 8\nactivation_bytes_per_sample = 16\n')
+
+
 @pytest.mark.parametrize("content", [
     'name = "x"\ndescription = "d"\n',                             # fields missing
     'name = "x"\ndescription = "d"\ngenerated_by = "g"\nprecision = "fp32"\n'
     'optimizer = "sgd"\nbatch_size = 4\n\n[[units]]\nname = "a"\nparams = 1\n',   # unit field
     'name = "x"\ndescription = "half-writ',                       # truncated mid-string
+    _UNIT + 'tensor_params = [1, 2]\n',                          # adds up to 3, not 4
+    _UNIT + 'tensor_params = [4.0]\n',                           # not integers
 ])
 def test_malformed_workload_file_names_the_file(tmp_path, content):
     path = tmp_path / "broken.toml"

@@ -2,10 +2,12 @@
 
 Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.md):
 - each step runs the units' forward in order, then their backward in reverse;
-- gradients are bucketed in reverse parameter order: the first bucket holds
-  `first_bucket_MiB` (1 MiB, `dist._DEFAULT_FIRST_BUCKET_BYTES`), later ones `bucket_cap_MiB`
-  (25 MiB). A unit's gradients become ready pro rata through its backward, so a unit bigger
-  than the cap fills several buckets, each ready part-way through that unit;
+- gradients are bucketed in reverse parameter order, whole tensors as torch fills them: a
+  bucket closes once it holds at least its limit, `first_bucket_MiB` for the first (1 MiB,
+  `dist._DEFAULT_FIRST_BUCKET_BYTES`), `bucket_cap_MiB` (25 MiB) after, so a tensor larger than
+  the cap is a bucket alone (the measured runs' bucket sizes, measure/runs/ddp.py, agree:
+  mlp's default buckets are 4,239,400 and 8,663,040 bytes). A unit's gradients become ready
+  pro rata through its backward; a workload without per-tensor counts splits units pro rata;
 - a bucket's all-reduce starts when the bucket is ready on ALL ranks and the previous bucket's
   all-reduce is done (one communication stream: a `SharedLink`), overlapping the rest of
   backward; the optimizer step runs after the last all-reduce, the next step after that;
@@ -99,7 +101,12 @@ def gradient_buckets(workload: Workload, backward_s: np.ndarray, bucket_cap_MiB:
                      first_bucket_MiB: float) -> list[Bucket]:
     """Buckets in the order DDP all-reduces them (reverse parameter order).
 
-    `backward_s` is the nominal backward seconds per unit in forward order.
+    `backward_s` is the nominal backward seconds per unit in forward order. Where the workload
+    lists each unit's tensors (`Unit.tensor_params`), buckets hold whole tensors as torch's
+    `_compute_bucket_assignment_by_size` (reducer.cpp) fills them: tensors in gradient-ready
+    order join the open bucket, which closes once it holds at least its limit
+    (`first_bucket_MiB` for the first, `bucket_cap_MiB` after), so one tensor larger than the
+    cap is a bucket of its own. Else a unit is split pro rata at the limits.
     """
     grad_bytes = np.array([u.params * workload.precision_spec.grad_bytes
                            for u in workload.units], dtype=float)[::-1]
@@ -111,6 +118,8 @@ def gradient_buckets(workload: Workload, backward_s: np.ndarray, bucket_cap_MiB:
     if (total - first) / cap > MAX_BUCKETS:
         raise PerfmodelError(f"a {bucket_cap_MiB:g} MiB bucket cap splits {total / MiB:,.0f} MiB "
                              f"of gradients into more than {MAX_BUCKETS:,} buckets; raise it")
+    if all(u.tensor_params or not u.params for u in workload.units):
+        return _whole_tensor_buckets(workload, bwd, first, cap)
     ends = list(np.arange(first, total, cap)) + [total]   # byte offset where each bucket ends
     cum_bytes, cum_bwd = np.cumsum(grad_bytes), np.cumsum(bwd)
     buckets, previous = [], 0.0
@@ -121,6 +130,27 @@ def gradient_buckets(workload: Workload, backward_s: np.ndarray, bucket_cap_MiB:
         ready = cum_bwd[u] - bwd[u] + min(fraction, 1.0) * bwd[u]
         buckets.append(Bucket(nbytes=float(end - previous), ready_backward_s=float(ready)))
         previous = end
+    return buckets
+
+
+def _whole_tensor_buckets(workload: Workload, bwd_reversed: np.ndarray, first: float,
+                          cap: float) -> list[Bucket]:
+    """gradient_buckets over whole tensors (its docstring); a tensor's gradient is ready its
+    share of bytes of the way through its unit's backward (tensors in reverse order too)."""
+    element = workload.precision_spec.grad_bytes
+    buckets, size, limit, elapsed = [], 0.0, first, 0.0
+    for unit, unit_s in zip(workload.units[::-1], bwd_reversed, strict=True):
+        unit_bytes, done = unit.params * element, 0.0
+        for params in unit.tensor_params[::-1]:
+            done += params * element
+            size += params * element
+            if size >= limit:
+                buckets.append(Bucket(nbytes=size, ready_backward_s=float(
+                    elapsed + unit_s * done / unit_bytes)))
+                size, limit = 0.0, cap
+        elapsed += unit_s
+    if size > 0:
+        buckets.append(Bucket(nbytes=size, ready_backward_s=float(elapsed)))
     return buckets
 
 
