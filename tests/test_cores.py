@@ -23,6 +23,7 @@ from perfmodel.sim.ddp import DDP
 from perfmodel.sim.fsdp import FSDP
 from perfmodel.sim.ps import AsyncPS, SyncPS
 from perfmodel.sim.scenario import Scenario
+from perfmodel.workload import load_workload
 from tests.factories import make_cluster, make_workload
 
 EXACT_TOL = 1e-9
@@ -318,3 +319,58 @@ def test_a_cpu_hosts_server_receives_applies_and_sends_one_at_a_time():
     gaps = [b - a for a, b in zip(times, times[4:], strict=False)]
     assert min(gaps) >= 4 * (2 * transfer + apply_s) * (1 - 1e-9)
     assert apply_s > 0.2 * transfer        # the apply is no rounding error here
+
+
+# -- the node's CPU floor in a timed wait ----------------------------------------------------
+
+def test_node_cpu_floor_conserves_cpu_work_by_hand():
+    # 8 ranks on 2 cores, κ = 0.1: 10 ms idle + 60 ms of collectives on both cores + each
+    # rank's 7 ms of own work, x 1.1 contention, shared by 2 cores: 10 + 60 + 8·7·1.1/2
+    host = dataclasses.replace(cpu_host(2, contention=0.1), compute_occupies_cores=False)
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007) == \
+        pytest.approx(0.010 + 0.060 + 8 * 0.007 * 1.1 / 2, rel=EXACT_TOL)
+    # no floor where the ranks fit the cores, nor where the workers really compute
+    assert cores.node_cpu_floor_s(host, 2, 0.010, 0.060, 0.007) == 0.0
+    assert cores.node_cpu_floor_s(cpu_host(2), 8, 0.010, 0.060, 0.007) == 0.0
+
+
+def _mean_step(result) -> float:
+    return float(np.mean([s.end_s - s.start_s for s in result.steps if s.step >= 2]))
+
+
+def test_crowded_timed_wait_ddp_step_is_at_least_the_node_cpu_floor(monkeypatch):
+    # 8 timed-wait ranks on 2 cores with communication CPU-bound on them: the step cannot be
+    # shorter than the sleeps before the first bucket and after the last all-reduce, plus
+    # the node's CPU work (every all-reduce on both cores, every rank's reducer copies)
+    # shared by the 2 cores; with 2 ranks (they fit) the event model stands alone
+    host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
+    mlp = load_workload("mlp")              # short sleeps, 12.9 MB of gradients
+    sc = Scenario(cluster=host, workload=mlp, workers=8, batch_size=64, jitter="none")
+    ddp = DDP()
+    t = unit_times(host, mlp, 64)
+    buckets, _, durations = ddp._wire(sc, t.backward_s)
+    idle = float(t.forward_s.sum()) + t.optimizer_s + buckets[0].ready_backward_s
+    floor = idle + float(durations.sum()) + 8 * ddp.host_cpu_s(sc, buckets) / 2
+    assert _mean_step(ddp.simulate(sc)) >= floor * (1 - EXACT_TOL)
+    assert ddp.host_cpu_s(sc, buckets) > 0
+    # and it binds here: without it the event model's step (sleeps, the exposed chain, the
+    # waits for a core) is shorter
+    monkeypatch.setattr("perfmodel.sim.ddp.node_cpu_floor_s", lambda *a, **k: 0.0)
+    assert _mean_step(ddp.simulate(sc)) < floor * (1 - 1e-3)
+
+
+def test_crowded_timed_wait_fsdp_on_gloo_pays_every_sleep_plus_the_cpu_work(monkeypatch):
+    # gloo FSDP's collectives block, so no sleep overlaps them: floor = all sleeps + all
+    # collectives + the ranks' copies over the cores
+    from perfmodel.sim.fsdp import copy_cpu_s
+
+    host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
+    n, mlp = 8, load_workload("mlp")
+    sc = Scenario(cluster=host, workload=mlp, workers=n, batch_size=64, jitter="none")
+    t = unit_times(host, mlp, 64, optimizer_param_fraction=1 / n)
+    comm = sum(2 * allgather_s(host, n, u.params * 4) + reduce_scatter_s(host, n, u.params * 4)
+               for u in mlp.units)
+    floor = t.step_s + comm + n * copy_cpu_s(sc, True, True) / 2
+    assert _mean_step(FSDP().simulate(sc)) >= floor * (1 - EXACT_TOL)
+    monkeypatch.setattr("perfmodel.sim.fsdp.node_cpu_floor_s", lambda *a, **k: 0.0)
+    assert _mean_step(FSDP().simulate(sc)) < floor * (1 - 1e-3)     # it binds

@@ -96,6 +96,26 @@ def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
     return factor / (bytes_per_s or cluster.compute.optimizer_GBps * 1e9)
 
 
+def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
+                     own_cpu_s: float, workload: str | None = None) -> float:
+    """The shortest step a timed wait's node can make when its ranks outnumber its cores,
+    by conserving CPU work. The step's collectives, timed by the crowded sweeps
+    (`ClusterProfile.comm_cpu_stretch`), kept all c cores busy for `collectives_s` (a crowded
+    gloo collective is CPU-bound: it stretches ~p/c); each rank's own host work (`own_cpu_s`:
+    copies, divides, zero gradients, which measure/timed_wait.py's Sleeper pays back from the
+    sleeps, so the rank's compute does not show it) needs the same cores, slowed by
+    contention as compute is; and `idle_s` of the step's sleeps run before any collective
+    can start or after the last (DDP: forward, backward up to the first bucket, the
+    optimizer; gloo FSDP, whose collectives block: all of them). So
+    step >= idle_s + collectives_s + ranks·own_cpu_s·(1 + κ(c − 1))/c. 0 (no floor) outside
+    a timed wait or where the ranks fit the cores: the event model's step holds there."""
+    cores = cluster.compute_cpu_cores_per_node
+    if not cluster.timed_wait or ranks <= cores:
+        return 0.0
+    contention = 1.0 + cluster.compute.contention(workload) * (cores - 1.0)
+    return idle_s + collectives_s + ranks * own_cpu_s * contention / cores
+
+
 def ranks_note(cluster, ranks: int, workload: str | None = None) -> tuple[str, ...]:
     """DDP/FSDP: a note when the node's ranks share its cores (none on GPUs or when they fit)."""
     share = cluster.compute_share(ranks, workload)

@@ -46,7 +46,9 @@ own compute did not hide); wait_s is the rest, time lost because OTHER ranks wer
 
 On a CPU host (`topology.compute_cpu_cores_per_node` > 0) the ranks of a node compute at
 once on its cores, so every pass is stretched by `cluster.compute_share(ranks per node)`
-(perfmodel/sim/cores.py); on GPUs the factor is 1.
+(perfmodel/sim/cores.py); on GPUs the factor is 1. In a timed wait with more ranks than cores
+a step also fits the node's CPU work (`cores.node_cpu_floor_s`): the sleeps before the first
+bucket and the optimizer's, every all-reduce on all cores, and every rank's reducer passes.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
 from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
-from perfmodel.sim.cores import own_work_s_per_byte, ranks_note
+from perfmodel.sim.cores import node_cpu_floor_s, own_work_s_per_byte, ranks_note
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -259,6 +261,21 @@ class DDP:
                           after_s=nbytes * divide * bf16,
                           copy_back_s=float(nbytes.sum() * copy))
 
+    def host_cpu_s(self, scenario: Scenario, buckets: list[Bucket]) -> float:
+        """One rank's CPU seconds in the reducer's passes of a step (host_passes' bytes at the
+        copy and divide rates, no sharing): what the node's cores must find time for
+        (cores.node_cpu_floor_s)."""
+        cluster, wl = scenario.cluster, scenario.workload
+        if scenario.workers < 2 or not buckets:
+            return 0.0
+        grads = wl.params * wl.precision_spec.grad_bytes
+        nbytes = sum(b.nbytes for b in buckets)
+        hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
+        passes = float(hooked) + float(self.options.grad_compression == "bf16")
+        written = 2.0 if cluster.timed_wait else 1.0
+        return ((grads * written + nbytes) / cluster.compute.copy_Bps()
+                + nbytes * passes / (cluster.compute.optimizer_GBps * 1e9))
+
     def host_compute_s(self, scenario: Scenario) -> float:
         """Seconds of the reducer's passes a run counts as compute (HostPasses.in_compute_s),
         with the default buckets and the passes' own unit times."""
@@ -300,6 +317,14 @@ class DDP:
         copied_s = host.copy_in_s.sum() * np.cumsum(nbytes) / max(nbytes.sum(), 1.0)
         host_ready_s = (copied_s + np.cumsum(host.before_s))[:, None]
         ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
+        # A timed wait on a node with more ranks than cores: the cores must do the
+        # collectives' and every rank's own CPU work (cores.node_cpu_floor_s).
+        ranks = min(n, cluster.devices_per_node)
+        idle_s = float(plain.forward_s.sum()) + plain.optimizer_s + (
+            buckets[0].ready_backward_s * float(plain.backward_s.sum()) / backward_s
+            if communicate else 0.0)
+        floor_s = node_cpu_floor_s(cluster, ranks, idle_s, float(durations.sum()),
+                                   self.host_cpu_s(scenario, buckets), scenario.workload.name)
         durations = durations + host.after_s
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
@@ -338,8 +363,9 @@ class DDP:
                     alone_comm_end = (ready + rest_s[:, None]).max(axis=0)
                 optimizer = times.optimizer_s * slow
                 after = host.copy_back_s + optimizer
-                clock = np.maximum(backward_end, comm_end) + after
-                alone_end = np.maximum(backward_end, alone_comm_end) + after
+                clock = np.maximum(np.maximum(backward_end, comm_end) + after, start + floor_s)
+                alone_end = np.maximum(np.maximum(backward_end, alone_comm_end) + after,
+                                       start + floor_s)
                 compute = passes + host_in_s + times.optimizer_s * slow
                 s, u = sync_step_records(step, start, clock, compute, alone_end)
                 steps.extend(s)

@@ -28,7 +28,9 @@ Model (Zhao et al., "PyTorch FSDP", VLDB 2023; FSDP2 `fully_shard` docs; DESIGN.
   optimizer_GBps, stretched by core sharing like
   the passes (`copy_seconds`), every rank of the node copying at once; in a timed wait the
   harness pays their CPU time back from the sleeps, leaving the stretch
-  (`cores.own_work_s_per_byte`). On GPUs a full-shard step copies (1 + 1/N) b twice and
+  (`cores.own_work_s_per_byte`), and with more ranks than cores the step fits the node's CPU
+  work: every sleep (gloo's collectives block), every collective on all cores, every rank's
+  copies (`cores.node_cpu_floor_s`). On GPUs a full-shard step copies (1 + 1/N) b twice and
   (1 + 1/N) g: bert-large's 1.34 GB on 8 A100s 4.8 ms of a 62 ms step (batch 8).
 Traffic per rank is 3Ψ(N−1)/N for full-shard and 2Ψ(N−1)/N for grad-op, against DDP's
 2Ψ(N−1)/N (ZeRO, Rajbhandari et al. 2020: 1.5x).
@@ -61,7 +63,7 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import allgather_s, reduce_scatter_s
 from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
-from perfmodel.sim.cores import own_work_s_per_byte, ranks_note
+from perfmodel.sim.cores import node_cpu_floor_s, own_work_s_per_byte, ranks_note
 from perfmodel.sim.ddp import link_name, sync_step_records
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
@@ -166,15 +168,19 @@ def unpaid_copy_s(scenario: Scenario, regather: bool, blocking: bool, waits: Uni
     sleeps (`waits`: forward, backward and optimizer) is exposed: the step computes
     C·s + max(W − C, 0), which is W + C·(s − 1) + max(C − W, 0). 0 outside a timed wait
     (a CPU host whose compute does not occupy the cores)."""
-    cluster = scenario.cluster
-    if not cluster.timed_wait:
+    if not scenario.cluster.timed_wait:
         return 0.0
-    forward, backward = copy_bytes(scenario, regather, blocking)
-    cpu_s = (float(forward.sum() + backward.sum()) / cluster.compute.copy_Bps()
-             + float(divide_bytes(scenario, blocking).sum())
-             / (cluster.compute.optimizer_GBps * 1e9))
     slept_s = float(waits.forward_s.sum() + waits.backward_s.sum()) + waits.optimizer_s
-    return max(cpu_s - slept_s, 0.0)
+    return max(copy_cpu_s(scenario, regather, blocking) - slept_s, 0.0)
+
+
+def copy_cpu_s(scenario: Scenario, regather: bool, blocking: bool) -> float:
+    """One rank's CPU seconds in FSDP2's copies and divides of a step, unshared."""
+    cluster = scenario.cluster
+    forward, backward = copy_bytes(scenario, regather, blocking)
+    return (float(forward.sum() + backward.sum()) / cluster.compute.copy_Bps()
+            + float(divide_bytes(scenario, blocking).sum())
+            / (cluster.compute.optimizer_GBps * 1e9))
 
 
 class FSDP:
@@ -261,6 +267,13 @@ class FSDP:
         extra_f = times.forward_s - plain.forward_s + copy_f
         extra_b = times.backward_s - plain.backward_s + copy_b
         extra_b[0] += unpaid_copy_s(scenario, regather, blocking, plain)
+        # A timed wait on a node with more ranks than cores: the cores must do the
+        # collectives' and every rank's own CPU work (cores.node_cpu_floor_s).
+        collectives_s = (2.0 if regather else 1.0) * sum(gather_s) + sum(scatter_s)
+        idle_s = float(plain.forward_s.sum() + plain.backward_s.sum()) + plain.optimizer_s
+        floor_s = node_cpu_floor_s(cluster, min(n, cluster.devices_per_node),
+                                   idle_s if blocking else 0.0, collectives_s,
+                                   copy_cpu_s(scenario, regather, blocking), wl.name)
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
@@ -308,7 +321,8 @@ class FSDP:
                 for u in order:
                     t, ta = yield from net.wait(("scatter", u), t, ta)
                 optimizer = times.optimizer_s * slow
-                clock, alone_end = t + optimizer, ta + optimizer
+                clock = np.maximum(t + optimizer, start + floor_s)
+                alone_end = np.maximum(ta + optimizer, start + floor_s)
                 compute = ((plain.forward_s.sum() + plain.backward_s.sum()
                             + times.optimizer_s) * slow + extra_f.sum() + extra_b.sum())
                 s, up = sync_step_records(step, start, clock, compute, alone_end)
