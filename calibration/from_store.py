@@ -19,6 +19,9 @@ What each kind of run (measure/store.py) feeds:
   run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
   against perfmodel/memory.py (fit_memory.py) — when the runs span >= 1.5x in modelled memory.
+  On a CPU host the FSDP runs also give compute.copy_GBps (`_copy_rate`) and, since their gloo
+  collectives block, the all-gather and reduce-scatter time factors (`_fsdp_collectives`:
+  scaled to the runs' measured collective time; the crowded stretch rows scaled back).
 - compute in concurrent mode (1, 2 and 3 processes timing whole steps at once):
   compute.core_contention from CPU seconds per step, and checks of the whole core-sharing
   factor against the wall-time ratios (calibration/fit_cores.py); the profile's
@@ -218,6 +221,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if copy is not None:
         fits = dataclasses.replace(fits, copy_GBps=copy)
         stage1 = _as_cluster(base_cluster, fits)
+    fits = _fsdp_collectives(by_kind["fsdp"], stage1, fits, notes)
+    stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
     overlap = jitter = None
     if parallel and compute is None:
@@ -724,6 +729,48 @@ def _mean_compute_s(run) -> float | None:
     warm = int(run.row.config.get("warmup_steps", 0))
     steps = [float(x["compute_s"]) for x in run.table("steps") if x["step"] >= warm]
     return float(np.mean(steps)) if steps else None
+
+
+FSDP_KINDS = ("all-gather", "reduce-scatter")
+
+
+def _fsdp_collectives(runs, cluster: ClusterProfile, fits: MeasuredFits, notes: list[str]
+                      ) -> MeasuredFits:
+    """The node's all-gather and reduce-scatter time factors (intra_node.time_factor_by_op)
+    rescaled to what the calibration's FSDP runs measured: on a CPU host FSDP2's gloo
+    collectives block, so a run's communication time is exactly its collectives, measured
+    in training (set A's FSDP runs: 34.7-36.9 ms a step in two sessions whose 2-rank sweeps
+    priced them at 41.1 and 23.6, docs/model.md). k = the geometric mean of measured /
+    predicted over the runs (>= 2 ranks, all on one node, >= 2 runs); the factors x k and
+    the crowded stretch rows of both kinds / k, so a crowded node keeps what its sweeps
+    measured. Unchanged on GPUs, without such runs, or without a fitted intra-node link."""
+    link = fits.intra_node
+    if link is None or not cluster.compute_cpu_cores_per_node or not FSDP.blocking(cluster):
+        return fits
+    ratios = []
+    for r in runs:
+        n = int(r.row.workers or 1)
+        if n < 2 or n > cluster.devices_per_node:
+            continue
+        measured = measured_components(r).get("collective")
+        predicted = predicted_components(cluster, r).get("collective")
+        if measured and predicted:
+            ratios.append(measured / predicted)
+    if len(ratios) < 2:
+        return fits
+    k = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    factors = dict(link.time_factor_by_op)
+    for op in FSDP_KINDS:
+        factors[op] = factors.get(op, 1.0) * k
+    levels = dict(fits.comm_cpu_stretch_by_level)
+    fallback = levels.get("all-reduce", ())
+    for op in FSDP_KINDS if levels else ():
+        levels[op] = tuple((lv, b, st / k) for lv, b, st in levels.get(op, fallback))
+    notes.append(f"FSDP runs' collectives: {len(ratios)} run(s) measured "
+                 f"{', '.join(f'{x:.2f}' for x in ratios)}x the sweep-priced model; "
+                 f"all-gather and reduce-scatter time factors x{k:.2f} (crowded stretch / {k:.2f})")
+    return dataclasses.replace(fits, intra_node=dataclasses.replace(
+        link, time_factor_by_op=factors), comm_cpu_stretch_by_level=tuple(levels.items()))
 
 
 def _copy_rate(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
