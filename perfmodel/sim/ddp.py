@@ -322,7 +322,7 @@ class DDP:
         ranks = min(n, cluster.devices_per_node)
         idle_s = float(plain.forward_s.sum()) + plain.optimizer_s + (
             buckets[0].ready_backward_s * float(plain.backward_s.sum()) / backward_s
-            if communicate else 0.0)
+            if communicate and backward_s > 0 else 0.0)
         floor_s = node_cpu_floor_s(cluster, ranks, idle_s, float(durations.sum()),
                                    self.host_cpu_s(scenario, buckets), scenario.workload.name)
         durations = durations + host.after_s
