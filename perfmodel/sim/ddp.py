@@ -85,6 +85,10 @@ class HostPasses:
     after_s: np.ndarray
     copy_back_s: float
 
+    def total_s(self) -> float:
+        return float(self.copy_in_s.sum() + self.before_s.sum() + self.after_s.sum()
+                     + self.copy_back_s)
+
     def in_compute_s(self) -> float:
         """The part a run's timer counts as compute: every pass inside backward (all but the
         last bucket's divide, which follows the backward)."""
@@ -240,19 +244,25 @@ class DDP:
         cluster = scenario.cluster
         return cluster.ranks_busy(min(scenario.workers, cluster.devices_per_node))
 
-    def host_passes(self, scenario: Scenario, buckets: list[Bucket]) -> HostPasses:
+    def host_passes(self, scenario: Scenario, buckets: list[Bucket], *,
+                    unshared: bool = False) -> HostPasses:
         """The reducer's passes over the gradients (none with one worker: no reducer here).
         On a CPU host all ranks of a node make them at once and share its cores; in a timed
         wait only that sharing is left (cores.own_work_s_per_byte), and the harness's zero
-        gradients are written with the copy in (module docstring)."""
+        gradients are written with the copy in (module docstring). `unshared`: the passes'
+        own CPU seconds at the copy and divide rates, what cores.node_cpu_floor_s counts."""
         cluster, wl = scenario.cluster, scenario.workload
         nbytes = np.array([b.nbytes for b in buckets])
         if scenario.workers < 2 or not buckets:
             zeros = np.zeros(len(buckets))
             return HostPasses(np.zeros(len(wl.units)), zeros, zeros, 0.0)
-        ranks = min(scenario.workers, cluster.devices_per_node)
-        copy = own_work_s_per_byte(cluster, ranks, wl.name, cluster.compute.copy_Bps())
-        divide = own_work_s_per_byte(cluster, ranks, wl.name)
+        if unshared:
+            copy = 1.0 / cluster.compute.copy_Bps()
+            divide = 1.0 / (cluster.compute.optimizer_GBps * 1e9)
+        else:
+            ranks = min(scenario.workers, cluster.devices_per_node)
+            copy = own_work_s_per_byte(cluster, ranks, wl.name, cluster.compute.copy_Bps())
+            divide = own_work_s_per_byte(cluster, ranks, wl.name)
         grads = np.array([u.params * wl.precision_spec.grad_bytes for u in wl.units])
         hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
         bf16 = self.options.grad_compression == "bf16"
@@ -262,19 +272,9 @@ class DDP:
                           copy_back_s=float(nbytes.sum() * copy))
 
     def host_cpu_s(self, scenario: Scenario, buckets: list[Bucket]) -> float:
-        """One rank's CPU seconds in the reducer's passes of a step (host_passes' bytes at the
-        copy and divide rates, no sharing): what the node's cores must find time for
-        (cores.node_cpu_floor_s)."""
-        cluster, wl = scenario.cluster, scenario.workload
-        if scenario.workers < 2 or not buckets:
-            return 0.0
-        grads = wl.params * wl.precision_spec.grad_bytes
-        nbytes = sum(b.nbytes for b in buckets)
-        hooked = self.options.comm_hook != "none" or self.options.grad_compression != "none"
-        passes = float(hooked) + float(self.options.grad_compression == "bf16")
-        written = 2.0 if cluster.timed_wait else 1.0
-        return ((grads * written + nbytes) / cluster.compute.copy_Bps()
-                + nbytes * passes / (cluster.compute.optimizer_GBps * 1e9))
+        """One rank's CPU seconds in the reducer's passes of a step (host_passes unshared):
+        what the node's cores must find time for (cores.node_cpu_floor_s)."""
+        return self.host_passes(scenario, buckets, unshared=True).total_s()
 
     def host_compute_s(self, scenario: Scenario) -> float:
         """Seconds of the reducer's passes a run counts as compute (HostPasses.in_compute_s),
