@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,3 +137,25 @@ def test_every_step_is_simulated_once_and_staleness_is_whole():
         assert len(result.steps) == 5 * 7                 # the shared budget, all of it
         assert all(u.version_applied >= u.version_read for u in result.updates)
         assert sorted(u.version_applied for u in result.updates) == list(range(5 * 7))
+
+
+def test_a_serial_servers_message_moves_only_when_both_sides_are_free():
+    # gloo over loopback has no buffer between the two processes' copies: a push posted while
+    # the server receives another waits for it, and the pushing worker's side is held for
+    # the same span the server's receive is (that span is what core sharing counts as the
+    # sender copying); a NIC with a switch between (not serial) lets the sender finish
+    # into the buffer and the receiver drain it later
+    for serial in (True, False):
+        c = serial_cluster()
+        if not serial:
+            c = dataclasses.replace(c, compute_cpu_cores_per_node=0)
+        assert psnet.serial_server(c) is serial
+        run = _PSRun(scenario(3, cluster=c), 1, None)    # (not serial: server on worker 0's)
+        first = run.send(1, 0, "push", run.push_routes)            # the server takes it first
+        second = run.send(2, 0, "push", run.push_routes)           # posted at the same moment
+        out, into, carry_s, latency_s, _ = run.push_routes[2 * run.nservers]
+        assert carry_s > 0 and first == pytest.approx(carry_s + latency_s, rel=TOL)
+        assert second == pytest.approx(2 * carry_s + latency_s, rel=TOL)   # the receiver's
+        assert run.link_free[into] == pytest.approx(2 * carry_s, rel=TOL)
+        sender_done = run.link_free[out]
+        assert sender_done == pytest.approx(2 * carry_s if serial else carry_s, rel=TOL)

@@ -392,8 +392,13 @@ class _PSRun:
         one reply at a time (measure/runs/ps.py: `recv(src=None)`, apply, reply). A message
         crosses the sender's out and the receiver's in, each FCFS, and has arrived when both
         have carried it (the switch buffers between them), plus the route's latency: the
-        tighter (busier) side decides. All of it is arithmetic on when each direction is
-        free: a transfer costs no event of its own.
+        tighter (busier) side decides. On a CPU host (a serial server: gloo over loopback,
+        measure/runs/ps.py's blocking send and recv) there is no buffer between the two
+        sides: the sender's process copies the bytes out while the receiver's copies them
+        in, so a message holds both directions over the same span, from when both are free
+        (a sender whose receiver is busy waits, and spends no CPU meanwhile: its copy span,
+        which core sharing counts, is the span the bytes move). All of it is arithmetic on
+        when each direction is free: a transfer costs no event of its own.
         """
         key = w * self.nservers + i
         route = routes[key]
@@ -411,6 +416,8 @@ class _PSRun:
             sent = (f if f > now else now) + carry_s            # max(now, free from)
             f = free[into]
             received = (f if f > now else now) + carry_s
+            if self.layout.serial_server:       # no buffer between two processes' copies
+                sent = received = sent if sent > received else received
             free[out], free[into] = sent, received
             at = (received if received > sent else sent) + latency
             if self.copy_spans is not None:
