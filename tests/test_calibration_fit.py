@@ -126,6 +126,7 @@ def test_a_curve_hidden_by_noisy_small_sizes_is_kept_by_the_bias_test(monkeypatc
     runs = [loopback_like_pings(seed) for seed in range(10)]
     now = [fit_link(pings) for _, pings in runs]
     monkeypatch.setattr(fit_module, "_biased", lambda rel: False)
+    monkeypatch.setattr(fit_module, "_trending", lambda rel, size: False)
     f_only = [fit_link(pings) for _, pings in runs]
     assert not any(f.curve_fitted for f in f_only)
     assert sum(f.curve_fitted for f in now) >= 7
@@ -403,3 +404,13 @@ def test_kinds_that_are_no_ring_get_a_time_factor_against_the_all_reduce_fit():
     assert "all-reduce" not in f.time_factor_by_op
     only = fit_network([s for s in samples if s.op == "all-reduce"])["intra_node"]
     assert only.time_factor_by_op == {}
+
+
+def test_the_trend_test_sees_a_slope_not_noise():
+    rng = np.random.default_rng(0)
+    size = np.repeat(2.0 ** np.arange(18, 25), 3)
+    assert fit_module._trending(0.2 * (np.log10(size) - 6.0) + rng.normal(0, 0.05, size.size),
+                                size)
+    flat = [fit_module._trending(rng.normal(0, 0.15, size.size), size) for _ in range(200)]
+    assert sum(flat) <= 0.1 * len(flat)          # ~5 % by construction (BIAS_SIGNIFICANCE)
+    assert not fit_module._trending(np.zeros(size.size), size)
