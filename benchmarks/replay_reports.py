@@ -1,0 +1,117 @@
+"""Replay committed held-out reports with the code checked out now: an exploration tool.
+
+Each `reports/local-*-heldout-N/` keeps its calibration set A (`pooled/*.sqlite`) and its
+measured medians (`comparisons.csv`). For each report given, this refits the profile from
+that set A alone with today's calibration (into a temporary data home: your own profile is
+not touched), predicts every held-out configuration with today's model exactly as
+`perfmodel compare` does (perfmodel/compare/protocol.py: `scenario_for`, `model_options`,
+the compare's steps and seed), and prints predicted against the report's measured step time,
+row by row, with the report's own error beside it and the medians of both.
+
+What it is for: seeing what a change would have done on sessions already measured, and
+telling a change's effect from a session's (run it at the old commit and at the new one).
+What it is not: evidence. Those measurements have been seen; a change explored with this
+tool still needs a report whose plan is committed before its runs (docs/model.md labels
+such replays "explorations on seen data").
+
+    python benchmarks/replay_reports.py reports/local-2026-12-05-heldout-28 ... [--json out.json]
+
+With the report made by the code checked out now, the replay reproduces its predictions
+(to the profile file's rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS, SEED = 12, 0          # perfmodel/commands/compare.py's model run for every configuration
+
+
+def calibrate(set_a: Path, home: Path) -> None:
+    """`perfmodel calibrate --cluster local` from `set_a` alone into data home `home`."""
+    db = home / "set-a.sqlite"
+    shutil.copy(set_a, db)                      # calibrate may write its notes into the store
+    subprocess.run([sys.executable, "-m", "perfmodel", "calibrate", "--cluster", "local",
+                    "--db", str(db)], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "XDG_DATA_HOME": str(home)})
+
+
+def replay(report: Path) -> list[dict]:
+    """Every held-out row of `report`: key, mode, predicted and measured step (s), errors."""
+    stores = sorted((report / "pooled").glob("*.sqlite"))
+    if len(stores) != 1:
+        raise SystemExit(f"{report}: expected one set A store under pooled/, found {len(stores)}")
+    measured = {r["key"]: r for r in csv.DictReader((report / "comparisons.csv").open())}
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        calibrate(stores[0], home)
+        code = (
+            "import json, sys\n"
+            "from perfmodel.cluster import load_cluster\n"
+            "from perfmodel.compare import protocol\n"
+            "from perfmodel.predict import predict\n"
+            "profile = load_cluster('local')\n"
+            "out = {}\n"
+            "for h in protocol.held_out_set():\n"
+            f"    sc = protocol.scenario_for(h, profile, steps={STEPS}, seed={SEED})\n"
+            "    p = predict(h.strategy, sc, **protocol.model_options(h, cpu=True))\n"
+            "    out[h.key] = p.summary.step_time_s.mean\n"
+            "json.dump(out, sys.stdout)\n")
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
+                              capture_output=True, text=True,
+                              env={**os.environ, "XDG_DATA_HOME": str(home)})
+    predicted = json.loads(done.stdout)
+    rows = []
+    for key, m in measured.items():
+        if key not in predicted or not m["step_time_measured"]:
+            continue
+        step = float(m["step_time_measured"])
+        rows.append({"key": key, "mode": m["mode"], "predicted_s": predicted[key],
+                     "measured_s": step, "error": predicted[key] / step - 1,
+                     "report_error": float(m["step_time_error"])})
+    return rows
+
+
+def medians(rows: list[dict], field: str) -> str:
+    parts = []
+    for mode in ("real", "timed-wait"):
+        errors = [abs(r[field]) for r in rows if r["mode"] == mode]
+        if errors:
+            parts.append(f"{mode} {100 * float(np.median(errors)):.1f} % "
+                         f"(max {100 * max(errors):.1f} %)")
+    return ", ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="reports/local-*-heldout-N folders")
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    args = parser.parse_args()
+    everything = {}
+    for report in args.reports:
+        rows = replay(report)
+        everything[report.name] = rows
+        print(f"\n{report.name}: step time, predicted now (ms) / measured then (ms), error now "
+              f"[the report's]")
+        for r in rows:
+            print(f"  {r['key']:26s} {1e3 * r['predicted_s']:8.2f} / {1e3 * r['measured_s']:8.2f}"
+                  f"  {100 * r['error']:+6.1f} %  [{100 * r['report_error']:+6.1f} %]")
+        print(f"  medians now: {medians(rows, 'error')}")
+        print(f"  the report:  {medians(rows, 'report_error')}")
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1))
+
+
+if __name__ == "__main__":
+    main()
