@@ -4,8 +4,8 @@ Each `reports/local-*-heldout-N/` keeps its calibration set A (`pooled/*.sqlite`
 measured medians (`comparisons.csv`). For each report given, this refits the profile from
 that set A alone with today's calibration (into a temporary data home: your own profile is
 not touched), predicts every held-out configuration with today's model exactly as
-`perfmodel compare` does (perfmodel/compare/protocol.py: `scenario_for`, `model_options`,
-the compare's steps and seed), and prints predicted against the report's measured step time,
+`perfmodel compare` does (perfmodel/compare/run.py `predict_all`, the full protocol's steps,
+seed 0), and prints predicted against the report's measured step time,
 row by row, with the report's own error beside it and the medians of both.
 
 What it is for: seeing what a change would have done on sessions already measured, and
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS, SEED = 12, 0          # perfmodel/commands/compare.py's model run for every configuration
+SEED = 0                     # perfmodel compare's default --seed
 
 
 def calibrate(set_a: Path, home: Path) -> None:
@@ -59,15 +59,11 @@ def replay(report: Path) -> list[dict]:
         code = (
             "import json, sys\n"
             "from perfmodel.cluster import load_cluster\n"
-            "from perfmodel.compare import protocol\n"
-            "from perfmodel.predict import predict\n"
-            "profile = load_cluster('local')\n"
-            "out = {}\n"
-            "for h in protocol.held_out_set():\n"
-            f"    sc = protocol.scenario_for(h, profile, steps={STEPS}, seed={SEED})\n"
-            "    p = predict(h.strategy, sc, **protocol.model_options(h, cpu=True))\n"
-            "    out[h.key] = p.summary.step_time_s.mean\n"
-            "json.dump(out, sys.stdout)\n")
+            "from perfmodel.compare import protocol, run\n"
+            "held_out = protocol.held_out_set()\n"
+            "records = run.predict_all(held_out, load_cluster('local'), None,\n"
+            f"                          steps=protocol.STEPS['full'], seed={SEED})\n"
+            "json.dump({r['key']: r['step_time_s'] for r in records}, sys.stdout)\n")
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
                               capture_output=True, text=True,
                               env={**os.environ, "XDG_DATA_HOME": str(home)})
