@@ -4,8 +4,8 @@ Each `reports/local-*-heldout-N/` keeps its calibration set A (`pooled/*.sqlite`
 measured medians (`comparisons.csv`). For each report given, this refits the profile from
 that set A alone with today's calibration (into a temporary data home: your own profile is
 not touched), predicts every held-out configuration with today's model exactly as
-`perfmodel compare` does (perfmodel/compare/run.py `predict_all`, the full protocol's steps,
-seed 0), and prints predicted against the report's measured step time,
+`perfmodel compare` does (perfmodel/compare/run.py `predict_all`, the report's own timed
+steps, seed 0), and prints predicted against the report's measured step time,
 row by row, with the report's own error beside it and the medians of both.
 
 What it is for: seeing what a change would have done on sessions already measured, and
@@ -53,6 +53,8 @@ def replay(report: Path) -> list[dict]:
     if len(stores) != 1:
         raise SystemExit(f"{report}: expected one set A store under pooled/, found {len(stores)}")
     measured = {r["key"]: r for r in csv.DictReader((report / "comparisons.csv").open())}
+    # the report's own timed steps (12 before report 31; protocol.STEPS['full'] now)
+    steps = json.loads((report / "comparisons.json").read_text())["meta"]["steps"]
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         calibrate(stores[0], home)
@@ -62,7 +64,7 @@ def replay(report: Path) -> list[dict]:
             "from perfmodel.compare import protocol, run\n"
             "held_out = protocol.held_out_set()\n"
             "records = run.predict_all(held_out, load_cluster('local'), None,\n"
-            f"                          steps=protocol.STEPS['full'], seed={SEED})\n"
+            f"                          steps={int(steps)}, seed={SEED})\n"
             "json.dump({r['key']: r['step_time_s'] for r in records}, sys.stdout)\n")
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
                               capture_output=True, text=True,
