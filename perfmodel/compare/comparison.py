@@ -30,6 +30,7 @@ from measure.session import NoProgress, Progress
 from measure.store import Store
 from perfmodel.cluster import ClusterProfile, parse_profile
 from perfmodel.compare import (
+    anchor,
     elastic,
     elastic_report,
     elastic_run,
@@ -109,10 +110,12 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     progress = progress or NoProgress()
     elastic_steps = 0 if quick else elastic.CALIBRATION.steps + repeats * sum(
         i.steps for i in elastic.HELD_OUT)
-    progress.begin(len(held_out) * repeats * steps + elastic_steps)
+    drift = None if quick else anchor_measurement(cluster)
+    anchor_steps = 0 if drift is None else repeats * int(drift.config.get("steps") or 0)
+    progress.begin(len(held_out) * repeats * steps + elastic_steps + anchor_steps)
     found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps, seed=seed,
                             max_time_s=max_time_s, progress=progress,
-                            protocol=run_protocol)
+                            protocol=run_protocol, anchor=drift)
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
         progress=progress, protocol=run_protocol)
@@ -133,6 +136,9 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         command=command_line, cluster=cluster, data=data, here=here, set_a=set_a,
         held_out=held_out, repeats=repeats, steps=steps, seed=seed, found=found,
         notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
+    if drift is not None:
+        meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor).as_dict(),
+                          "why": anchor.load_anchor(protocol.HELD_OUT_FILE).why}
     elastic_lines: list[str] = []
     if membership is not None:
         if membership["measured"][elastic.HELD_OUT[0].key]:
@@ -151,10 +157,19 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                               rows, list(found.load.values()),
                               overlap_slowdown=profile.compute.overlap_slowdown))
     heads, missed = report.headline_lines(rows)
+    heads += [report.anchor_line(meta["anchor"])] if "anchor" in meta else []
     heads += elastic_report.headline(membership) if membership else []
     return Outcome(out=out, predictions=len(predictions), predict_only=False,
                    headlines=tuple(heads), missed=tuple(missed),
                    wall_s=time.monotonic() - started)
+
+
+def anchor_measurement(cluster: str):
+    """The set-A measurement the full comparison runs again in every round (the held-out
+    file's [anchor]; perfmodel/compare/anchor.py), or None where the file names none."""
+    drift = anchor.load_anchor(protocol.HELD_OUT_FILE)
+    return None if drift is None else anchor.suite_measurement(
+        drift, build_suite("cpu", suite=cluster))
 
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,

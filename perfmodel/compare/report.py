@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmodel.compare.anchor import AnchorResult
 from perfmodel.compare.matching import (
     QUANTITIES,
     SERVER_PHASES,
@@ -203,6 +204,19 @@ def memory_method(rows: Sequence[Comparison]) -> str:
             + "; model: perfmodel/memory.py's analytic tensor count")
 
 
+ANCHOR_LEGEND = (
+    "One calibration (set A) run, launched again with its very config at the start of every "
+    "round of the held-out runs (perfmodel/compare/anchor.py): its step time against set "
+    "A's says whether the machine kept its set-A speed while set B ran. Above 1: set B's "
+    "rounds ran slower than set A, for reasons no held-out configuration caused. Nothing is "
+    "fitted on it and no prediction uses it.")
+
+
+def anchor_line(a: dict[str, Any]) -> str:
+    """The drift anchor's one line from comparisons.json's meta['anchor']."""
+    return AnchorResult.from_dict(a).line()
+
+
 def headline_lines(rows: Sequence[Comparison]) -> tuple[list[str], list[str]]:
     """(the headline table and what it leaves out, one line per missed target)."""
     heads = headlines(rows)
@@ -372,6 +386,10 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
     else:
         out += ["Every target of issue 5 is met on these configurations.", ""]
     out += ["## Protocol", ""] + [f"- {line}" for line in m["protocol"]] + [""]
+    if m.get("anchor"):
+        out += ["## Drift anchor", "", ANCHOR_LEGEND, "", f"- {anchor_line(m['anchor'])}"]
+        out += [f"- Why this run: {m['anchor']['why']}"] if m["anchor"].get("why") else []
+        out += [""]
     if m.get("skipped"):
         out += ["Skipped configurations:", ""] + [f"- `{k}`: {why}" for k, why in
                                                   m["skipped"].items()] + [""]

@@ -20,6 +20,7 @@ from measure.protocol import RunProtocol
 from measure.session import Progress
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import ClusterProfile
+from perfmodel.compare.anchor import anchor_config
 from perfmodel.compare.matching import (
     MEMORY_PARTS,
     Comparison,
@@ -147,14 +148,18 @@ class Measurements:
     skipped: dict[str, str] = field(default_factory=dict)
     load: dict[int, float] = field(default_factory=dict)     # run id -> 1-min load average
     protocol: dict[int, dict] = field(default_factory=dict)  # run id -> measure/protocol.py
+    anchor: list[int] = field(default_factory=list)         # the drift anchor's ok runs
 
 
 def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
                 repeats: int, steps: int, seed: int, max_time_s: float | None,
-                progress: Progress, protocol: RunProtocol | None = None) -> Measurements:
+                progress: Progress, protocol: RunProtocol | None = None,
+                anchor=None) -> Measurements:
     """Run every configuration `repeats` times, interleaved; store each run at once
     (measure/session.py), each after the `protocol`'s wait for a quiet machine and with its
-    ranks pinned where there are cores enough (measure/protocol.py).
+    ranks pinned where there are cores enough (measure/protocol.py). `anchor`: a set-A
+    measurement (calibration/suite.py) run again at the start of every round, the drift
+    anchor (perfmodel/compare/anchor.py).
 
     `progress.start(label, total)` starts one run's progress and returns its update callback;
     `progress.finish(line)` reports the run. A failed run is stored, listed and not retried;
@@ -162,6 +167,9 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
     """
     found = Measurements()
     for repeat in range(1, repeats + 1):
+        if anchor is not None:
+            _run_anchor(anchor, repeat, repeats, store, found, progress=progress,
+                        max_time_s=max_time_s, protocol=protocol)
         for h in held_out:
             if h.key in found.skipped:
                 continue
@@ -195,6 +203,25 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
             if stored.interrupted:
                 raise KeyboardInterrupt
     return found
+
+
+def _run_anchor(m, repeat: int, repeats: int, store, found: Measurements, *,
+                progress: Progress, max_time_s: float | None,
+                protocol: RunProtocol | None) -> None:
+    """One run of the drift anchor, stored like the others; its id joins `found.anchor`."""
+    label = f"drift anchor: {m.label.split(' (')[0]} ({repeat}/{repeats})"
+    update = progress.start(label, int(m.config.get("steps") or 0))
+    stored = session.run(anchor_config(m, repeat), m.nproc, store, progress=update,
+                         oversubscribe=m.oversubscribe, timeout_s=max_time_s,
+                         protocol=protocol)
+    seen = store.get_run(stored.run_id).row.config.get("protocol") or {}
+    if seen:
+        found.protocol[stored.run_id] = seen
+    if stored.ok:
+        found.anchor.append(stored.run_id)
+    progress.finish(stored.outcome(label))
+    if stored.interrupted:
+        raise KeyboardInterrupt
 
 
 def collect(store, predictions: list[dict[str, Any]], ok: dict[str, list[int]],

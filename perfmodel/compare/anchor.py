@@ -1,0 +1,148 @@
+"""The drift anchor: one set-A run measured again in every round of set B.
+
+Set A (the calibration) runs first, set B (the held-out runs) for the next 15-20 minutes. A
+shared 2-core machine does not keep one speed over that time: reports 28-30 had every real
+DDP row 3-18 % slower than predicted while the same profile predicted set A's own DDP runs
+to about 1 %, and from the rows alone no one could tell a model that misses the held-out
+configurations from a machine that slowed down after set A. The anchor tells them apart:
+one measurement of set A (perfmodel/data/heldout/local.toml `[anchor]`, the suite's item
+key) is launched again with the very same config at the start of every repeat round, and
+the report gives its step time against set A's run of it. A ratio near 1 (inside the
+re-runs' own spread) says the machine held its set-A speed and the held-out errors are the
+model's; a ratio of 1.10 says set B's runs ran ~10 % slower than set A's for reasons no
+held-out configuration caused.
+
+It is a diagnostic, never an input: nothing is fitted on it and no prediction moves with
+it. Its runs are marked `compare.item = "anchor:<item>"` instead of set A's `calibration`
+marker, so no calibration ever takes one for set A (calibration/suite.py `comparable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfmodel.compare.matching import measured_run
+from perfmodel.errors import PerfmodelError
+from perfmodel.tomlfile import Fields, load_toml
+
+MARKER = "anchor:"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Anchor:
+    """Which set-A measurement is run again, and why (the data file's `[anchor]`)."""
+
+    item: str           # calibration/suite.py Measurement key without its repeat, "ddp-mlp"
+    why: str
+
+
+def load_anchor(path: Path) -> Anchor | None:
+    """The `[anchor]` table of a held-out file, or None where it has none."""
+    table = load_toml(path).get("anchor")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise PerfmodelError(f"{path}: [anchor] must be a table with 'item' and 'why'")
+    f = Fields(table, path, "anchor.")
+    return Anchor(item=f.str("item"), why=f.str("why"))
+
+
+def suite_measurement(anchor: Anchor, suite: Sequence[Any]):
+    """The set-A measurement (calibration/suite.py Measurement) the anchor repeats: the first
+    of the suite whose key is the anchor's item (its first repeat); a one-line error if the
+    suite has none."""
+    for m in suite:
+        if m.key.rsplit("-", 1)[0] == anchor.item:
+            return m
+    keys = sorted({m.key.rsplit("-", 1)[0] for m in suite})
+    raise PerfmodelError(f"[anchor] item '{anchor.item}' is not a measurement of the "
+                         f"calibration suite; its items: {', '.join(keys)}")
+
+
+def anchor_config(measurement, repeat: int) -> dict[str, Any]:
+    """The set-A measurement's own config, its calibration marker replaced by the anchor's."""
+    config = {k: v for k, v in measurement.config.items() if k != "calibration"}
+    item = measurement.key.rsplit("-", 1)[0]
+    config["compare"] = {"item": MARKER + item, "repeat": repeat}
+    return config
+
+
+def is_set_a_run(config: dict[str, Any], item: str) -> bool:
+    """Whether a stored run's config is set A's run of `item` (its calibration marker)."""
+    return (config.get("calibration") or {}).get("item") == item
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnchorResult:
+    """Set A's step time of the anchor measurement beside its re-runs in set B's rounds."""
+
+    label: str
+    set_a_run_ids: tuple[int, ...]
+    set_a_step_s: tuple[float, ...]
+    run_ids: tuple[int, ...]            # the re-runs, round by round
+    step_s: tuple[float, ...]
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """Each re-run's step time over set A's (the median of set A's runs of it)."""
+        if not self.set_a_step_s:
+            return ()
+        base = float(np.median(self.set_a_step_s))
+        return tuple(s / base for s in self.step_s)
+
+    @property
+    def ratio(self) -> float | None:
+        """The median ratio: > 1 when set B's rounds ran slower than set A."""
+        return float(np.median(self.ratios)) if self.ratios else None
+
+    def line(self) -> str:
+        """One line for the report and the command's output."""
+        if not self.step_s:
+            return f"drift anchor ({self.label}): no re-run finished"
+        if self.ratio is None:
+            return (f"drift anchor ({self.label}): re-runs {_ms(self.step_s)} ms; set A has "
+                    f"no run of it in this store")
+        low, high = min(self.ratios), max(self.ratios)
+        return (f"drift anchor ({self.label}): set A {_ms(self.set_a_step_s)} ms, again in "
+                f"set B's rounds {_ms(self.step_s)} ms: x{self.ratio:.2f} "
+                f"(x{low:.2f}-{high:.2f}); above 1, set B ran slower than set A")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AnchorResult:
+        return cls(label=d["label"], set_a_run_ids=tuple(d["set_a_run_ids"]),
+                   set_a_step_s=tuple(d["set_a_step_s"]), run_ids=tuple(d["run_ids"]),
+                   step_s=tuple(d["step_s"]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "set_a_run_ids": list(self.set_a_run_ids),
+                "set_a_step_s": list(self.set_a_step_s), "run_ids": list(self.run_ids),
+                "step_s": list(self.step_s), "ratios": list(self.ratios),
+                "ratio": self.ratio}
+
+
+def result(store, measurement, set_a_ids: Sequence[int], run_ids: Sequence[int]
+           ) -> AnchorResult:
+    """The anchor's step times (the mean of every rank's timed steps, as for set B's rows,
+    perfmodel/compare/matching.py) in set A (this store's runs among `set_a_ids` that
+    measured it) and in its re-runs `run_ids`."""
+    item = measurement.key.rsplit("-", 1)[0]
+    wanted = set(set_a_ids)
+    set_a = [r.id for r in store.list_runs()
+             if r.id in wanted and r.status == "ok" and is_set_a_run(r.config, item)]
+
+    def step_s(run_id: int) -> float:
+        run = store.get_run(run_id)
+        return measured_run(run, ps=False, timed_wait=False, warmup_steps=0).step_time_s
+
+    return AnchorResult(label=measurement.label.split(" (")[0], set_a_run_ids=tuple(set_a),
+                        set_a_step_s=tuple(step_s(i) for i in set_a),
+                        run_ids=tuple(run_ids), step_s=tuple(step_s(i) for i in run_ids))
+
+
+def _ms(values: Sequence[float]) -> str:
+    return ", ".join(f"{1e3 * v:.1f}" for v in values)

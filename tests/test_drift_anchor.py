@@ -1,0 +1,146 @@
+"""The drift anchor (perfmodel/compare/anchor.py): one set-A run measured again in every round
+of set B, reported beside set A's, never fitted.
+
+- its config is set A's own, but marked so that no calibration takes it for set A;
+- the held-out file names a measurement the suite really has; a wrong one is one line;
+- its ratio is the re-runs' step time over set A's, and the report says so;
+- measure_all launches it once at the start of every round (a fake session, no torch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from calibration.suite import build_suite, comparable, matching_runs
+from perfmodel.compare import anchor, protocol, report
+from perfmodel.compare.anchor import AnchorResult
+from perfmodel.errors import PerfmodelError
+
+EXACT = 1e-12
+
+
+def _suite():
+    return build_suite("cpu", suite="local")
+
+
+def test_the_held_out_file_names_a_suite_measurement():
+    drift = anchor.load_anchor(protocol.HELD_OUT_FILE)
+    assert drift is not None and drift.why
+    m = anchor.suite_measurement(drift, _suite())
+    assert m.config["kind"] == "ddp" and m.config["workers"] == 2
+
+
+def test_an_anchor_item_the_suite_lacks_is_one_line(tmp_path):
+    path = tmp_path / "heldout.toml"
+    path.write_text('[anchor]\nitem = "ddp-nosuch"\nwhy = "test"\n')
+    with pytest.raises(PerfmodelError, match="not a measurement of the calibration suite"):
+        anchor.suite_measurement(anchor.load_anchor(path), _suite())
+
+
+def test_the_anchor_runs_set_as_config_but_is_never_taken_for_set_a():
+    m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
+    config = anchor.anchor_config(m, 2)
+    assert {k: v for k, v in config.items() if k != "compare"} == {
+        k: v for k, v in m.config.items() if k != "calibration"}
+    assert config["compare"] == {"item": "anchor:ddp-mlp", "repeat": 2}
+    # a stored anchor run does not match the suite's measurement: set A never includes it
+    row = SimpleNamespace(status="ok", kind="ddp", config=config, host="h", id=7)
+    assert comparable(config) != comparable(m.config)
+    assert matching_runs([row], m) == []
+    assert not anchor.is_set_a_run(config, "ddp-mlp")
+    assert anchor.is_set_a_run(m.config, "ddp-mlp")
+
+
+def test_the_ratio_is_the_re_runs_over_set_as_median():
+    r = AnchorResult(label="ddp mlp, 2 workers", set_a_run_ids=(3,), set_a_step_s=(0.030,),
+                     run_ids=(41, 60, 79), step_s=(0.033, 0.030, 0.036))
+    assert r.ratios == pytest.approx((1.1, 1.0, 1.2), rel=EXACT)
+    assert r.ratio == pytest.approx(1.1, rel=EXACT)
+    line = r.line()
+    assert "x1.10 (x1.00-1.20)" in line and "30.0 ms" in line
+    assert AnchorResult.from_dict(r.as_dict()) == r
+    assert "no re-run finished" in AnchorResult(
+        label="x", set_a_run_ids=(), set_a_step_s=(), run_ids=(), step_s=()).line()
+    assert "no run of it" in AnchorResult(
+        label="x", set_a_run_ids=(), set_a_step_s=(), run_ids=(1,), step_s=(0.1,)).line()
+
+
+def test_the_report_gives_the_anchor_its_own_section(tmp_path):
+    r = AnchorResult(label="ddp mlp, 2 workers", set_a_run_ids=(3,), set_a_step_s=(0.030,),
+                     run_ids=(41,), step_s=(0.033,))
+    meta = {"cluster": "local", "date": "d", "command": "perfmodel compare", "host": "h",
+            "hardware": "cpu", "versions": "v", "wall_s": 60.0, "load_range": "1–2",
+            "protocol": ["p"], "skipped": {}, "anchor": {**r.as_dict(), "why": "because"}}
+    report.write_markdown(tmp_path / "report.md", meta=meta, rows=[], figures={},
+                          torch_rows=[], why_missed=[])
+    text = (tmp_path / "report.md").read_text()
+    assert "## Drift anchor" in text and "x1.10" in text and "Why this run: because" in text
+    json.dumps(meta)                                    # comparisons.json can hold it
+
+
+def test_measure_all_runs_the_anchor_first_in_every_round(monkeypatch, tmp_path):
+    from perfmodel.compare import run
+
+    launched: list[str] = []
+
+    def fake_run(config, nproc, store, **kw):
+        launched.append(config["compare"]["item"])
+        return SimpleNamespace(run_id=len(launched), ok=True, interrupted=False,
+                               outcome=lambda label: label, reason="")
+
+    class Store:
+        def get_run(self, run_id):
+            return SimpleNamespace(row=SimpleNamespace(config={}))
+
+    class Progress:
+        def start(self, label, total):
+            return lambda *a, **k: None
+
+        def finish(self, line):
+            pass
+
+    monkeypatch.setattr(run.session, "run", fake_run)
+    m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
+    held_out = protocol.held_out_set(quick=True)[:2]
+    profile = SimpleNamespace()
+    monkeypatch.setattr(run, "run_config", lambda h, p, **kw: {"compare": {"item": h.key}})
+    found = run.measure_all(held_out, profile, Store(), repeats=2, steps=2, seed=0,
+                            max_time_s=None, progress=Progress(), anchor=m)
+    keys = [h.key for h in held_out]
+    assert launched == ["anchor:ddp-mlp", *keys, "anchor:ddp-mlp", *keys]
+    assert found.anchor == [1, 1 + len(keys) + 1]
+
+
+def test_the_anchor_reads_set_as_step_time_from_the_store(tmp_path):
+    from measure.store import Store
+
+    m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
+    store = Store(tmp_path / "db.sqlite")
+    a = store.ingest(_run_dir(tmp_path, "a", m.config, wall=0.030), "ok")
+    other = store.ingest(_run_dir(tmp_path, "o", {**m.config, "calibration": {
+        "suite": "local", "item": "ddp-cnn-small", "repeat": 1}}, wall=0.5), "ok")
+    again = store.ingest(_run_dir(tmp_path, "b", anchor.anchor_config(m, 1), wall=0.036), "ok")
+    r = anchor.result(store, m, [a, other], [again])
+    assert r.set_a_run_ids == (a,)
+    assert r.set_a_step_s == pytest.approx((0.030,), rel=1e-9)
+    assert r.ratio == pytest.approx(1.2, rel=1e-9)
+
+
+def _run_dir(root: Path, name: str, config: dict, *, wall: float) -> Path:
+    """A stored-run directory as the launcher leaves it (two ranks, two timed steps)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    (run_dir / "launch.json").write_text(json.dumps({"host": "h", "wall_s": 1.0}))
+    for rank in (0, 1):
+        records = [{"type": "start", "rank": rank, "world_size": 2, "host": "h"}]
+        records += [{"type": "step", "rank": rank, "step": s, "wall_s": wall,
+                     "compute_s": 0.75 * wall, "comm_wait_s": 0.25 * wall, "samples": 64}
+                    for s in (2, 3)]
+        (run_dir / f"rank{rank}.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in records) + "\n")
+    return run_dir
