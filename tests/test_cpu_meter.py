@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from measure import cpu_meter
 from perfmodel.compare import report, summary
-from perfmodel.compare.matching import Comparison, Quantity, cpu_use
+from perfmodel.compare.matching import Comparison, Quantity, cpu_use, thread_cores
 
 EXACT = 1e-12
 STAT = """cpu  100 10 50 800 40 5 5 0 0 0
@@ -59,6 +61,23 @@ def test_a_run_uses_the_sum_of_its_ranks_rates_and_the_median_host():
     assert own == pytest.approx(0.6 + 0.8, rel=EXACT)     # rank 2's empty window left out
     assert host == pytest.approx(1.8, rel=EXACT)
     assert cpu_use([{"rank": 0, "key": "elapsed_s", "value": 1.0}]) == (None, None)
+
+
+def test_the_training_threads_part_is_the_sum_of_their_rates():
+    rows = [{"rank": r, "key": k, "value": v} for r, k, v in [
+        (0, "cpu_s", 0.6), (0, "thread_cpu_s", 0.2), (0, "cpu_window_s", 1.0),
+        (1, "cpu_s", 1.6), (1, "thread_cpu_s", 0.5), (1, "cpu_window_s", 2.0),
+        (2, "thread_cpu_s", 0.5), (2, "cpu_window_s", 0.0)]]
+    assert thread_cores(rows) == pytest.approx(0.2 + 0.25, rel=EXACT)
+    own, _ = cpu_use(rows)
+    assert thread_cores(rows) < own                       # gloo's threads did the rest
+    assert thread_cores([{"rank": 0, "key": "cpu_s", "value": 1.0}]) is None
+
+
+def test_the_noise_table_shows_the_training_threads_part():
+    row = dataclasses.replace(_row("tw4", "timed-wait", 1.72, 1.71, 0.1), thread_cores=0.75)
+    assert any(line.startswith("| tw4 |") and line.endswith("| 1.72 (0.75) / 1.71 |")
+               for line in report.noise_table([row]))
 
 
 def _row(key: str, mode: str, own: float | None, host: float | None,

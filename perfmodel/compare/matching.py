@@ -150,6 +150,7 @@ class MeasuredRun:
     own_cores: float | None = None      # cores the run's processes kept busy (cpu_use)
     host_cores: float | None = None     # cores busy on the whole host over the same steps
     server_phases: dict[str, float] = field(default_factory=dict)   # PS: `server_phases`
+    thread_cores: float | None = None   # of own_cores, the training threads' (thread_cores)
 
 
 def cpu_use(summaries: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
@@ -166,6 +167,20 @@ def cpu_use(summaries: Sequence[dict[str, Any]]) -> tuple[float | None, float | 
     hosts = [r["host_busy_cores"] for r in by_rank.values() if "host_busy_cores" in r]
     return (float(sum(rates)) if rates else None,
             float(np.median(hosts)) if hosts else None)
+
+
+def thread_cores(summaries: Sequence[dict[str, Any]]) -> float | None:
+    """Of the cores the run kept busy (`cpu_use`), the part its training threads did: the
+    sum over ranks of thread_cpu_s / cpu_window_s (measure/cpu_meter.py: the thread that runs
+    the loop - autograd, hooks, copies, the optimizer, a PS server's applies), the rest being
+    the communication threads' (gloo's). None where not recorded."""
+    by_rank: dict[int, dict[str, float]] = {}
+    for s in summaries:
+        if s["key"] in ("thread_cpu_s", "cpu_window_s") and s["value"] is not None:
+            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
+    rates = [r["thread_cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
+             if r.get("cpu_window_s", 0) > 0 and "thread_cpu_s" in r]
+    return float(sum(rates)) if rates else None
 
 
 def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> MeasuredRun:
@@ -207,6 +222,7 @@ def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> Measu
                        memory_parts=parts, staleness=tuple(float(v) for v in staleness),
                        per_rank=per_rank, staleness_by_worker=by_worker,
                        memory_method=method, own_cores=own_cores, host_cores=host_cores,
+                       thread_cores=thread_cores(run.table("summaries")),
                        server_phases=server_phases(run.table("updates"), warmup_steps)
                        if ps else {})
 
@@ -286,6 +302,7 @@ class Comparison:
     # during the timed steps (cpu_use); None where not recorded
     own_cores: float | None = None
     host_cores: float | None = None
+    thread_cores: float | None = None   # of own_cores, the training threads' (thread_cores)
     # PS: phase -> (model, measured median over repeats) seconds per update (SERVER_PHASES)
     server_phases: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
@@ -421,6 +438,7 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         staleness_per_worker=per_worker, memory_method="; ".join(methods),
         own_cores=_median_of(m.own_cores for m in measured),
         host_cores=_median_of(m.host_cores for m in measured),
+        thread_cores=_median_of(m.thread_cores for m in measured),
         server_phases=_phases(predicted.get("server_phases_s") or {}, measured) if ps else {})
 
 

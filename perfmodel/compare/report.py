@@ -92,6 +92,7 @@ def row_values(r: Comparison) -> dict[str, Any]:
         out[f"measured_{k}"] = r.measured_breakdown.get(k)
     out["own_cores"] = r.own_cores
     out["host_cores"] = r.host_cores
+    out["thread_cores"] = r.thread_cores
     for k in SERVER_PHASES:
         model, measured = r.server_phases.get(k, (None, None))
         out[f"server_{k}_model"] = model
@@ -262,10 +263,12 @@ def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = No
            "run started, after the wait for a quiet machine (`--settle-load`, "
            "`--settle-max-s`); pinned: runs whose ranks had cores of their own. Cores busy "
            "during the timed steps (measure/cpu_meter.py, medians over repeats): the run's "
-           "own processes (their CPU seconds over the steps' wall time, summed over ranks) "
+           "own processes (their CPU seconds over the steps' wall time, summed over ranks; "
+           "in brackets the part their training threads did — autograd, hooks, copies, the "
+           "optimizer, a PS server's applies — the rest being gloo's communication threads) "
            "and the whole host (/proc/stat); the difference is other work.", "",
            "| config | runs | step time median (ms) | spread | robust SD | load at start | "
-           "waited (s) | pinned | cores busy: run / host |",
+           "waited (s) | pinned | cores busy: run (training threads) / host |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         q = r.quantities["step_time"]
@@ -275,7 +278,8 @@ def noise_table(rows: Sequence[Comparison], protocol: dict[str, Any] | None = No
         load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
         waited = f"{sum(waits):.0f}" if seen else "–"
         pinned = f"{sum(bool(p.get('pinned')) for p in seen)} of {len(seen)}" if seen else "–"
-        cores = (f"{fmt(r.own_cores, 1, 2)} / {fmt(r.host_cores, 1, 2)}"
+        threads = "" if r.thread_cores is None else f" ({fmt(r.thread_cores, 1, 2)})"
+        cores = (f"{fmt(r.own_cores, 1, 2)}{threads} / {fmt(r.host_cores, 1, 2)}"
                  if r.own_cores is not None or r.host_cores is not None else "–")
         out.append(f"| {r.key} | {len(r.run_ids)} | {fmt(q.measured, 1e3, 2)} | "
                    f"{pct(q.spread, False)} | {pct(q.robust_sd, False)} | {load} | {waited} | "

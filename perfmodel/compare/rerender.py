@@ -74,6 +74,7 @@ def rows_from(doc: dict[str, Any], predictions: dict[str, dict[str, Any]]
             speed=tuple(float(v) for v in pred.get("speed") or ()),
             staleness_per_worker=per_worker, memory_method=c.get("memory_method") or "",
             own_cores=c.get("own_cores"), host_cores=c.get("host_cores"),
+            thread_cores=c.get("thread_cores"),
             server_phases={k: (c.get(f"server_{k}_model"), c.get(f"server_{k}_measured"))
                            for k in SERVER_PHASES
                            if c.get(f"server_{k}_measured") is not None}))
