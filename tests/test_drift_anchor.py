@@ -61,12 +61,35 @@ def test_the_ratio_is_the_re_runs_over_set_as_median():
     assert r.ratios == pytest.approx((1.1, 1.0, 1.2), rel=EXACT)
     assert r.ratio == pytest.approx(1.1, rel=EXACT)
     line = r.line()
-    assert "x1.10 (x1.00-1.20)" in line and "30.0 ms" in line
+    assert "x1.10 (x1.00-1.20;" in line and "30.0 ms" in line
     assert AnchorResult.from_dict(r.as_dict()) == r
     assert "no re-run finished" in AnchorResult(
         label="x", set_a_run_ids=(), set_a_step_s=(), run_ids=(), step_s=()).line()
     assert "no run of it" in AnchorResult(
         label="x", set_a_run_ids=(), set_a_step_s=(), run_ids=(1,), step_s=(0.1,)).line()
+
+
+def test_the_line_gives_the_models_own_prediction_beside_the_re_runs():
+    r = AnchorResult(label="ddp mlp, 2 workers", set_a_run_ids=(3,), set_a_step_s=(0.041,),
+                     run_ids=(41, 60, 79), step_s=(0.0364, 0.0370, 0.0372),
+                     predicted_step_s=0.0385)
+    assert "the model, fitted on set A, 38.5 ms (re-runs x0.96 of it)" in r.line()
+    assert AnchorResult.from_dict(r.as_dict()) == r
+
+
+def test_the_anchor_is_predicted_as_the_set_b_item_it_would_be():
+    m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
+    h = anchor.as_held_out(m)
+    assert (h.strategy, h.workload, h.workers, h.batch, h.options, h.timed_wait) == (
+        "ddp", "mlp", 2, 64, {}, False)
+    # the run it stands for: the same config as the suite's (the markers aside)
+    config = protocol.run_config(h, None, steps=m.config["steps"], seed=m.config["seed"],
+                                 repeat=1)
+    strip = {"calibration", "compare"}
+    assert {k: v for k, v in config.items() if k not in strip} == {
+        k: v for k, v in m.config.items() if k not in strip}
+    ps = next(x for x in _suite() if x.config["kind"] == "ps")
+    assert anchor.as_held_out(ps) is None
 
 
 def test_the_report_gives_the_anchor_its_own_section(tmp_path):

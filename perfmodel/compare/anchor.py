@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.compare.matching import measured_run
+from perfmodel.compare.protocol import HeldOut
 from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import Fields, load_toml
 
@@ -86,6 +87,7 @@ class AnchorResult:
     set_a_step_s: tuple[float, ...]
     run_ids: tuple[int, ...]            # the re-runs, round by round
     step_s: tuple[float, ...]
+    predicted_step_s: float | None = None   # the model's, fitted on set A (in-sample)
 
     @property
     def ratios(self) -> tuple[float, ...]:
@@ -108,28 +110,44 @@ class AnchorResult:
             return (f"drift anchor ({self.label}): re-runs {_ms(self.step_s)} ms; set A has "
                     f"no run of it in this store")
         low, high = min(self.ratios), max(self.ratios)
+        model = ("" if self.predicted_step_s is None else
+                 f"; the model, fitted on set A, {1e3 * self.predicted_step_s:.1f} ms "
+                 f"(re-runs x{float(np.median(self.step_s)) / self.predicted_step_s:.2f} of it)")
         return (f"drift anchor ({self.label}): set A {_ms(self.set_a_step_s)} ms, again in "
                 f"set B's rounds {_ms(self.step_s)} ms: x{self.ratio:.2f} "
-                f"(x{low:.2f}-{high:.2f}); above 1, set B ran slower than set A")
+                f"(x{low:.2f}-{high:.2f}; above 1, set B ran slower than set A){model}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AnchorResult:
         return cls(label=d["label"], set_a_run_ids=tuple(d["set_a_run_ids"]),
                    set_a_step_s=tuple(d["set_a_step_s"]), run_ids=tuple(d["run_ids"]),
-                   step_s=tuple(d["step_s"]))
+                   step_s=tuple(d["step_s"]), predicted_step_s=d.get("predicted_step_s"))
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "set_a_run_ids": list(self.set_a_run_ids),
                 "set_a_step_s": list(self.set_a_step_s), "run_ids": list(self.run_ids),
                 "step_s": list(self.step_s), "ratios": list(self.ratios),
-                "ratio": self.ratio}
+                "ratio": self.ratio, "predicted_step_s": self.predicted_step_s}
 
 
-def result(store, measurement, set_a_ids: Sequence[int], run_ids: Sequence[int]
-           ) -> AnchorResult:
+def as_held_out(measurement) -> HeldOut | None:
+    """The anchor's configuration as a set-B item, for the model's prediction of it (DDP and
+    FSDP measurements; None for others)."""
+    config = measurement.config
+    kind = config.get("kind")
+    if kind not in ("ddp", "fsdp"):
+        return None
+    return HeldOut(key=MARKER + measurement.key.rsplit("-", 1)[0], what="the drift anchor",
+                   strategy=kind, workload=config["workload"], workers=int(config["workers"]),
+                   batch_size=config.get("batch_size"),
+                   options=dict((config.get("options") or {}).get(kind) or {}))
+
+
+def result(store, measurement, set_a_ids: Sequence[int], run_ids: Sequence[int],
+           predicted_step_s: float | None = None) -> AnchorResult:
     """The anchor's step times (the mean of every rank's timed steps, as for set B's rows,
     perfmodel/compare/matching.py) in set A (this store's runs among `set_a_ids` that
-    measured it) and in its re-runs `run_ids`."""
+    measured it) and in its re-runs `run_ids`, beside the model's `predicted_step_s`."""
     item = measurement.key.rsplit("-", 1)[0]
     wanted = set(set_a_ids)
     set_a = [r.id for r in store.list_runs()
@@ -141,7 +159,8 @@ def result(store, measurement, set_a_ids: Sequence[int], run_ids: Sequence[int]
 
     return AnchorResult(label=measurement.label.split(" (")[0], set_a_run_ids=tuple(set_a),
                         set_a_step_s=tuple(step_s(i) for i in set_a),
-                        run_ids=tuple(run_ids), step_s=tuple(step_s(i) for i in run_ids))
+                        run_ids=tuple(run_ids), step_s=tuple(step_s(i) for i in run_ids),
+                        predicted_step_s=predicted_step_s)
 
 
 def _ms(values: Sequence[float]) -> str:

@@ -137,7 +137,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         held_out=held_out, repeats=repeats, steps=steps, seed=seed, found=found,
         notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
     if drift is not None:
-        meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor).as_dict(),
+        meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor,
+                                          anchor_prediction(drift, profile, seed)).as_dict(),
                           "why": anchor.load_anchor(protocol.HELD_OUT_FILE).why}
     elastic_lines: list[str] = []
     if membership is not None:
@@ -170,6 +171,16 @@ def anchor_measurement(cluster: str):
     drift = anchor.load_anchor(protocol.HELD_OUT_FILE)
     return None if drift is None else anchor.suite_measurement(
         drift, build_suite("cpu", suite=cluster))
+
+
+def anchor_prediction(drift, profile: ClusterProfile, seed: int) -> float | None:
+    """The model's step time for the drift anchor's own configuration (in-sample: set A ran
+    it), with the anchor's own timed steps; None where the anchor is not DDP or FSDP."""
+    h = anchor.as_held_out(drift)
+    if h is None:
+        return None
+    steps = int(drift.config.get("steps") or protocol.STEPS["full"])
+    return run.predict_all((h,), profile, None, steps=steps, seed=seed)[0]["step_time_s"]
 
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
