@@ -329,6 +329,12 @@ def test_node_cpu_floor_conserves_cpu_work_by_hand():
     host = dataclasses.replace(cpu_host(2, contention=0.1), compute_occupies_cores=False)
     assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007) == \
         pytest.approx(0.010 + 0.060 + 8 * 0.007 * 1.1 / 2, rel=EXACT_TOL)
+    # own work the Sleeper pays back from the idle sleeps shortens them, at its CPU time
+    # (x 1.1), never below none
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007, paid_back_s=0.002) == \
+        pytest.approx(0.010 - 0.002 * 1.1 + 0.060 + 8 * 0.007 * 1.1 / 2, rel=EXACT_TOL)
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007, paid_back_s=1.0) == \
+        pytest.approx(0.060 + 8 * 0.007 * 1.1 / 2, rel=EXACT_TOL)
     # no floor where the ranks fit the cores, nor where the workers really compute
     assert cores.node_cpu_floor_s(host, 2, 0.010, 0.060, 0.007) == 0.0
     assert cores.node_cpu_floor_s(cpu_host(2), 8, 0.010, 0.060, 0.007) == 0.0
@@ -340,9 +346,10 @@ def _mean_step(result) -> float:
 
 def test_crowded_timed_wait_ddp_step_is_at_least_the_node_cpu_floor(monkeypatch):
     # 8 timed-wait ranks on 2 cores with communication CPU-bound on them: the step cannot be
-    # shorter than the sleeps before the first bucket and after the last all-reduce, plus
-    # the node's CPU work (every all-reduce on both cores, every rank's reducer copies)
-    # shared by the 2 cores; with 2 ranks (they fit) the event model stands alone
+    # shorter than the sleeps before the first bucket and after the last all-reduce (less
+    # the copy back, which the harness pays back from them), plus the node's CPU work (every
+    # all-reduce on both cores, every rank's reducer copies) shared by the 2 cores; with 2
+    # ranks (they fit) the event model stands alone
     host = dataclasses.replace(cpu_host(2), compute_occupies_cores=False)
     mlp = load_workload("mlp")              # short sleeps, 12.9 MB of gradients
     sc = Scenario(cluster=host, workload=mlp, workers=8, batch_size=64, jitter="none")
@@ -350,7 +357,9 @@ def test_crowded_timed_wait_ddp_step_is_at_least_the_node_cpu_floor(monkeypatch)
     t = unit_times(host, mlp, 64)
     buckets, _, durations = ddp._wire(sc, t.backward_s)
     idle = float(t.forward_s.sum()) + t.optimizer_s + buckets[0].ready_backward_s
-    floor = idle + float(durations.sum()) + 8 * ddp.host_cpu_s(sc, buckets) / 2
+    copy_back = ddp.host_passes(sc, buckets, unshared=True).copy_back_s
+    assert 0 < copy_back < idle
+    floor = idle - copy_back + float(durations.sum()) + 8 * ddp.host_cpu_s(sc, buckets) / 2
     assert _mean_step(ddp.simulate(sc)) >= floor * (1 - EXACT_TOL)
     assert ddp.host_cpu_s(sc, buckets) > 0
     # and it binds here: without it the event model's step (sleeps, the exposed chain, the

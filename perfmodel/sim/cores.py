@@ -97,7 +97,8 @@ def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
 
 
 def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
-                     own_cpu_s: float, workload: str | None = None) -> float:
+                     own_cpu_s: float, workload: str | None = None,
+                     paid_back_s: float = 0.0) -> float:
     """The shortest step a timed wait's node can make when its ranks outnumber its cores,
     by conserving CPU work. The step's collectives, timed by the crowded sweeps
     (`ClusterProfile.comm_cpu_stretch`), kept all c cores busy for `collectives_s` (a crowded
@@ -106,14 +107,19 @@ def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
     sleeps, so the rank's compute does not show it) needs the same cores, slowed by
     contention as compute is; and `idle_s` of the step's sleeps run before any collective
     can start or after the last (DDP: forward, backward up to the first bucket, the
-    optimizer; gloo FSDP, whose collectives block: all of them). So
-    step >= idle_s + collectives_s + ranks·own_cpu_s·(1 + κ(c − 1))/c. 0 (no floor) outside
-    a timed wait or where the ranks fit the cores: the event model's step holds there."""
+    optimizer; gloo FSDP, whose collectives block: all of them), less `paid_back_s`: the
+    part of each rank's own work done right before those sleeps, whose CPU time the Sleeper
+    pays back from them (DDP: the copy back after the last all-reduce, paid from the
+    optimizer's and forward's sleeps), so they are that much shorter. So
+    step >= max(0, idle_s − paid·k) + collectives_s + ranks·own_cpu_s·k/c, k = 1 + κ(c − 1).
+    0 (no floor) outside a timed wait or where the ranks fit the cores: the event model's
+    step holds there."""
     cores = cluster.compute_cpu_cores_per_node
     if not cluster.timed_wait or ranks <= cores:
         return 0.0
     contention = 1.0 + cluster.compute.contention(workload) * (cores - 1.0)
-    return idle_s + collectives_s + ranks * own_cpu_s * contention / cores
+    return (max(0.0, idle_s - paid_back_s * contention) + collectives_s
+            + ranks * own_cpu_s * contention / cores)
 
 
 def ranks_note(cluster, ranks: int, workload: str | None = None) -> tuple[str, ...]:
