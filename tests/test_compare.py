@@ -285,12 +285,15 @@ def test_cli_names_the_command_that_measures_missing_calibration_runs(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def _write_run(root: Path, name: str, *, throughput: float, wall: float) -> Path:
-    """A stored-run directory as the launcher leaves it: config, launch info, rank records."""
+def _write_run(root: Path, name: str, *, throughput: float, wall: float,
+               config: dict | None = None) -> Path:
+    """A stored-run directory as the launcher leaves it: config (a 2-rank DDP mlp's unless
+    given), launch info, rank records (two timed steps of `wall` seconds each)."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    config = {"kind": "ddp", "workers": 2, "workload": "mlp", "batch_size": 32, "steps": 2,
-              "warmup_steps": 2, "seed": 0, "speed": [], "options": {"ddp": {}}}
+    config = config or {"kind": "ddp", "workers": 2, "workload": "mlp", "batch_size": 32,
+                        "steps": 2, "warmup_steps": 2, "seed": 0, "speed": [],
+                        "options": {"ddp": {}}}
     (run_dir / "config.json").write_text(json.dumps(config))
     (run_dir / "launch.json").write_text(json.dumps({"host": "h", "wall_s": 1.0}))
     for rank in (0, 1):

@@ -10,7 +10,6 @@ of set B, reported beside set A's, never fitted.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ from calibration.suite import build_suite, comparable, matching_runs
 from perfmodel.compare import anchor, protocol, report
 from perfmodel.compare.anchor import AnchorResult
 from perfmodel.errors import PerfmodelError
+from tests.test_compare import _write_run
 
 EXACT = 1e-12
 
@@ -143,27 +143,13 @@ def test_the_anchor_reads_set_as_step_time_from_the_store(tmp_path):
 
     m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
     store = Store(tmp_path / "db.sqlite")
-    a = store.ingest(_run_dir(tmp_path, "a", m.config, wall=0.030), "ok")
-    other = store.ingest(_run_dir(tmp_path, "o", {**m.config, "calibration": {
-        "suite": "local", "item": "ddp-cnn-small", "repeat": 1}}, wall=0.5), "ok")
-    again = store.ingest(_run_dir(tmp_path, "b", anchor.anchor_config(m, 1), wall=0.036), "ok")
+    a = store.ingest(_write_run(tmp_path, "a", config=m.config, throughput=1.0, wall=0.030),
+                     "ok")
+    other = store.ingest(_write_run(tmp_path, "o", config={**m.config, "calibration": {
+        "suite": "local", "item": "ddp-cnn-small", "repeat": 1}}, throughput=1.0, wall=0.5), "ok")
+    again = store.ingest(_write_run(tmp_path, "b", config=anchor.anchor_config(m, 1),
+                                    throughput=1.0, wall=0.036), "ok")
     r = anchor.result(store, m, [a, other], [again])
     assert r.set_a_run_ids == (a,)
     assert r.set_a_step_s == pytest.approx((0.030,), rel=1e-9)
     assert r.ratio == pytest.approx(1.2, rel=1e-9)
-
-
-def _run_dir(root: Path, name: str, config: dict, *, wall: float) -> Path:
-    """A stored-run directory as the launcher leaves it (two ranks, two timed steps)."""
-    run_dir = root / name
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(config))
-    (run_dir / "launch.json").write_text(json.dumps({"host": "h", "wall_s": 1.0}))
-    for rank in (0, 1):
-        records = [{"type": "start", "rank": rank, "world_size": 2, "host": "h"}]
-        records += [{"type": "step", "rank": rank, "step": s, "wall_s": wall,
-                     "compute_s": 0.75 * wall, "comm_wait_s": 0.25 * wall, "samples": 64}
-                    for s in (2, 3)]
-        (run_dir / f"rank{rank}.jsonl").write_text(
-            "\n".join(json.dumps(r) for r in records) + "\n")
-    return run_dir
