@@ -273,11 +273,6 @@ class DDP:
                           after_s=nbytes * divide * bf16,
                           copy_back_s=float(nbytes.sum() * copy))
 
-    def host_cpu_s(self, scenario: Scenario, buckets: list[Bucket]) -> float:
-        """One rank's CPU seconds in the reducer's passes of a step (host_passes unshared):
-        what the node's cores must find time for (cores.node_cpu_floor_s)."""
-        return self.host_passes(scenario, buckets, unshared=True).total_s()
-
     def host_compute_s(self, scenario: Scenario) -> float:
         """Seconds of the reducer's passes a run counts as compute (HostPasses.in_compute_s),
         with the default buckets and the passes' own unit times."""
