@@ -77,6 +77,28 @@ def test_the_line_gives_the_models_own_prediction_beside_the_re_runs():
     assert AnchorResult.from_dict(r.as_dict()) == r
 
 
+def test_a_drift_beyond_the_re_runs_spread_is_named_with_its_direction():
+    def result(*steps, predicted=0.0314):
+        return AnchorResult(label="ddp mlp, 2 workers", set_a_run_ids=(3,),
+                            set_a_step_s=(0.031,), run_ids=(41, 60, 79), step_s=steps,
+                            predicted_step_s=predicted)
+
+    slow = result(0.0330, 0.0360, 0.0347).drift_line()      # report 32: x1.11, spread 9 %
+    assert "x1.11 of the model's prediction" in slow and "ran slower" in slow
+    assert "rows predicted too fast are partly that" in slow
+    fast = result(0.0330, 0.0331, 0.0332, predicted=0.0370).drift_line()
+    assert "ran faster" in fast and "rows predicted too slow" in fast
+    # inside the re-runs' own spread, or within 5 %: nothing to say
+    assert result(0.0300, 0.0350, 0.0340).drift_line() is None           # x1.08, spread 15 %
+    assert result(0.0320, 0.0321, 0.0322).drift_line() is None           # x1.02
+    # no prediction: set A's run is the reference
+    assert "set A's run of it" in result(0.035, 0.035, 0.035, predicted=None).drift_line()
+    assert result(predicted=None).drift_line() is None                   # no re-run
+    # from a report's meta, as comparison.py and rerender.py read it
+    assert anchor.drift_lines({"anchor": result(0.0330, 0.0360, 0.0347).as_dict()}) == [slow]
+    assert anchor.drift_lines({}) == []
+
+
 def test_the_anchor_is_predicted_as_the_set_b_item_it_would_be():
     m = anchor.suite_measurement(anchor.load_anchor(protocol.HELD_OUT_FILE), _suite())
     h = anchor.as_held_out(m)

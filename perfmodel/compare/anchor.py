@@ -32,6 +32,10 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import Fields, load_toml
 
 MARKER = "anchor:"
+# Below this difference between the re-runs and their reference the anchor says nothing
+# about drift: about the model's own in-sample step residual on set A (r_step 7.3 % RMS in
+# report 31, 5-9 % in reports 28-32).
+DRIFT_QUIET = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +106,29 @@ class AnchorResult:
         """The median ratio: > 1 when set B's rounds ran slower than set A."""
         return float(np.median(self.ratios)) if self.ratios else None
 
+    def drift_line(self) -> str | None:
+        """One line for the report's "what the measurements say" where the re-runs differ
+        from their reference (the model's prediction for the anchor, else set A's run) by
+        more than both their own spread and DRIFT_QUIET; None otherwise."""
+        if not self.step_s:
+            return None
+        ref = self.predicted_step_s or (float(np.median(self.set_a_step_s))
+                                        if self.set_a_step_s else None)
+        if not ref:
+            return None
+        median = float(np.median(self.step_s))
+        ratio, spread = median / ref, (max(self.step_s) - min(self.step_s)) / median
+        if abs(ratio - 1.0) <= max(spread, DRIFT_QUIET):
+            return None
+        what = ("the model's prediction for it" if self.predicted_step_s
+                else "set A's run of it")
+        slower = ratio > 1.0
+        return (f"drift: the anchor ({self.label}) ran x{ratio:.2f} of {what} during set B "
+                f"(its re-runs spread {100 * spread:.0f} %): the machine ran "
+                f"{'slower' if slower else 'faster'} than when set A was measured, which "
+                f"moves every measured step {'up' if slower else 'down'}; rows predicted too "
+                f"{'fast' if slower else 'slow'} are partly that, not the model.")
+
     def line(self) -> str:
         """One line for the report and the command's output."""
         if not self.step_s:
@@ -161,6 +188,15 @@ def result(store, measurement, set_a_ids: Sequence[int], run_ids: Sequence[int],
                         set_a_step_s=tuple(step_s(i) for i in set_a),
                         run_ids=tuple(run_ids), step_s=tuple(step_s(i) for i in run_ids),
                         predicted_step_s=predicted_step_s)
+
+
+def drift_lines(meta: dict[str, Any]) -> list[str]:
+    """The drift anchor's line for a report's "what the measurements say", from its
+    comparisons.json meta, where the anchor ran and has something to say."""
+    if not meta.get("anchor"):
+        return []
+    line = AnchorResult.from_dict(meta["anchor"]).drift_line()
+    return [line] if line else []
 
 
 def _ms(values: Sequence[float]) -> str:

@@ -156,7 +156,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                                         if membership else []),
                           why_missed=summary.why_missed(
                               rows, list(found.load.values()),
-                              overlap_slowdown=profile.compute.overlap_slowdown))
+                              overlap_slowdown=profile.compute.overlap_slowdown)
+                          + anchor.drift_lines(meta))
     heads, missed = report.headline_lines(rows)
     heads += [report.anchor_line(meta["anchor"])] if "anchor" in meta else []
     heads += elastic_report.headline(membership) if membership else []

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmodel.cluster import parse_profile
-from perfmodel.compare import elastic_report, figures, report, summary
+from perfmodel.compare import anchor, elastic_report, figures, report, summary
 from perfmodel.compare.matching import QUANTITIES, SERVER_PHASES, Comparison, Quantity
 from perfmodel.compare.protocol import HeldOut, today
 from perfmodel.errors import PerfmodelError
@@ -145,7 +145,8 @@ def rerender(folder: Path) -> Path:
         elastic_head=([f"- {line}" for line in elastic_report.headline(membership)] + [""]
                       if membership else []),
         why_missed=summary.why_missed(rows, (),
-                                      overlap_slowdown=profile.compute.overlap_slowdown))
+                                      overlap_slowdown=profile.compute.overlap_slowdown)
+        + anchor.drift_lines(meta))
     return folder / "report.md"
 
 
