@@ -110,7 +110,10 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     progress = progress or NoProgress()
     elastic_steps = 0 if quick else elastic.CALIBRATION.steps + repeats * sum(
         i.steps for i in elastic.HELD_OUT)
-    drift = None if quick else anchor_measurement(cluster)
+    # the drift anchor (perfmodel/compare/anchor.py): the held-out file's [anchor], if any
+    spec = None if quick else anchor.load_anchor(protocol.HELD_OUT_FILE)
+    drift = None if spec is None else anchor.suite_measurement(
+        spec, build_suite("cpu", suite=cluster))
     anchor_steps = 0 if drift is None else repeats * int(drift.config.get("steps") or 0)
     progress.begin(len(held_out) * repeats * steps + elastic_steps + anchor_steps)
     found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps, seed=seed,
@@ -139,7 +142,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     if drift is not None:
         meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor,
                                           anchor_prediction(drift, profile, seed)).as_dict(),
-                          "why": anchor.load_anchor(protocol.HELD_OUT_FILE).why}
+                          "why": spec.why}
     elastic_lines: list[str] = []
     if membership is not None:
         if membership["measured"][elastic.HELD_OUT[0].key]:
@@ -164,14 +167,6 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     return Outcome(out=out, predictions=len(predictions), predict_only=False,
                    headlines=tuple(heads), missed=tuple(missed),
                    wall_s=time.monotonic() - started)
-
-
-def anchor_measurement(cluster: str):
-    """The set-A measurement the full comparison runs again in every round (the held-out
-    file's [anchor]; perfmodel/compare/anchor.py), or None where the file names none."""
-    drift = anchor.load_anchor(protocol.HELD_OUT_FILE)
-    return None if drift is None else anchor.suite_measurement(
-        drift, build_suite("cpu", suite=cluster))
 
 
 def anchor_prediction(drift, profile: ClusterProfile, seed: int) -> float | None:
