@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import scipy.stats
+
 from perfmodel.compare.anchor import AnchorResult
 from perfmodel.compare.matching import (
     QUANTITIES,
@@ -25,11 +27,14 @@ from perfmodel.compare.matching import (
     counts,
     headline,
 )
+from perfmodel.uncertainty import DEFAULT_COVERAGE
 
 MiB = 2**20
 # quantity -> (median target, max target or None); issue 5
 TARGETS = {"step_time": (0.05, 0.15), "throughput": (0.05, 0.15), "peak_memory": (0.10, None),
            "staleness_mean": (0.10, None)}
+# issue 14: the held-out coverage of the 90 % intervals should lie in this band
+COVERAGE_BAND = (0.80, 0.97)
 NAMES = {"throughput": "throughput", "step_time": "step time", "peak_memory": "peak memory",
          "staleness_mean": "PS mean staleness"}
 # the headline's names: what is counted where it can be wrong (matching.counts)
@@ -132,8 +137,11 @@ def write_json(meta: dict[str, Any], rows: Sequence[Comparison], figures: dict[s
     heads = headlines(rows)
     doc = {
         "meta": meta,
-        "headline": {q: {k: vars_of(h) | {"target_met": target_verdict(q, h)[0]}
-                         for k, h in by.items()} for q, by in heads.items()},
+        "headline": {q: {k: vars_of(h) | {
+            "target_met": target_verdict(q, h)[0], "coverage_in_band": in_band(h),
+            "coverage_band_probability": (band_probability(h.with_interval)
+                                          if h.with_interval else None)}
+            for k, h in by.items()} for q, by in heads.items()},
         "comparisons": [row_values(r) | {
             "failed": [{"run_id": i, "reason": why} for i, why in r.failed],
             "measured_staleness": list(r.measured_staleness),
@@ -190,13 +198,37 @@ def table(rows: Sequence[Comparison]) -> list[str]:
     return lines
 
 
+def band_probability(n: int, coverage: float = DEFAULT_COVERAGE,
+                     band: tuple[float, float] = COVERAGE_BAND) -> float:
+    """The chance that k of n measured medians inside their intervals puts k/n in `band`
+    when every interval's true coverage is `coverage` and the rows are independent:
+    k ~ Binomial(n, coverage). With a dozen rows the band is close to a coin toss even for
+    a perfect interval (n = 14: 61 %; all 14 inside, 23 %), so one report's coverage
+    outside it says little; the width beside it and the reports together say more."""
+    if n < 1:
+        raise ValueError(f"need at least one row, got {n}")
+    ks = [k for k in range(n + 1) if band[0] - 1e-12 <= k / n <= band[1] + 1e-12]
+    return float(sum(scipy.stats.binom.pmf(k, n, coverage) for k in ks))
+
+
+def in_band(h: Headline) -> bool | None:
+    """Whether the headline's coverage lies in COVERAGE_BAND (None: no intervals)."""
+    if not h.with_interval:
+        return None
+    return COVERAGE_BAND[0] - 1e-12 <= h.inside / h.with_interval <= COVERAGE_BAND[1] + 1e-12
+
+
 def interval_cell(h: Headline) -> str:
-    """Coverage with the width beside it: a wide interval covers anything."""
+    """Coverage with the width beside it (a wide interval covers anything) and whether it
+    lies in the target band, with the chance a perfect 90 % interval would."""
     if not h.with_interval:
         return "no interval"
     width = (f" (median half-width ±{h.half_width_median:.0%})"
              if h.half_width_median is not None else "")
-    return f"{h.inside} of {h.with_interval}{width}"
+    lo, hi = COVERAGE_BAND
+    return (f"{h.inside} of {h.with_interval}{width}; {lo:.0%}–{hi:.0%} band: "
+            f"{'in' if in_band(h) else 'OUT'} (a true 90 % interval lands in it with "
+            f"P = {band_probability(h.with_interval):.0%} at n = {h.with_interval})")
 
 
 def memory_method(rows: Sequence[Comparison]) -> str:
