@@ -29,6 +29,7 @@ import numpy as np
 from calibration.fit import FitResult, check_measurements, fit_result
 from perfmodel.errors import PerfmodelError
 
+IQR_PER_SD = 1.3489795003921634   # a normal's interquartile range, in SDs
 SHARING_CHECK_TOL = 0.15    # |model/measured − 1| of a wall-time ratio above which the
                             # check is flagged: 2x the ~5 % within-run spread of one-thread
                             # steps (DESIGN.md) on each of the two timings of the ratio
@@ -105,6 +106,37 @@ def sharing_checks(timings: Sequence[ConcurrentTiming], cores: int,
                                             "tolerance": SHARING_CHECK_TOL} \
             | ({"load1": load} if np.isfinite(load) else {})
     return checks
+
+
+def fit_timed_wait_spread(series: Sequence[Sequence[float]]) -> FitResult:
+    """compute.timed_wait_spread_ms: how far a timed-wait worker's step strays from its
+    usual length on a crowded host, in ms. `series`: each worker's timed compute seconds a
+    step (warm-up left out) in runs whose processes outnumber the cores. Each step less its
+    worker's median, pooled over the workers, and the standard deviation a normal with that
+    interquartile range has (IQR / 1.349): robust to the odd step that waits a whole time
+    slice. In ms, not relative: a sleep ends when the scheduler gives the worker a core
+    back, a delay that does not grow with the sleep (this host, 2026-12-05: waits of ~38 ms
+    in the calibration's run strayed by an IQR of 3-6 ms, the held-out runs' waits of
+    ~16 ms by 4-7 ms); measure/timed_wait.py pays oversleep back from the next sleeps, so
+    the mean holds. Residuals: each worker's own spread against the pooled one."""
+    kept = [check_measurements(x, "timed-wait step seconds") for x in series if len(x) >= 4]
+    if len(kept) < 2:
+        raise PerfmodelError(
+            f"compute.timed_wait_spread_ms: need >= 2 workers with >= 4 timed steps each of "
+            f"a crowded timed-wait run, found {len(kept)} (`perfmodel calibrate` runs "
+            f"ps-crowded on CPU hosts)")
+    pooled = np.concatenate([x - np.median(x) for x in kept])
+    spread_ms = _robust_sd(pooled) * 1e3
+    own = np.array([_robust_sd(x) * 1e3 for x in kept])
+    stderr = 1.2533 * float(np.std(own, ddof=1)) / np.sqrt(own.size)
+    return fit_result("compute.timed_wait_spread_ms", spread_ms, stderr,
+                      spread_ms / np.maximum(own, 1e-6) - 1)
+
+
+def _robust_sd(x: np.ndarray) -> float:
+    """The standard deviation of a normal with the interquartile range of `x`."""
+    q1, q3 = np.percentile(x, [25, 75])
+    return float(q3 - q1) / IQR_PER_SD
 
 
 def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) -> FitResult:

@@ -72,6 +72,7 @@ from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_
 from calibration.fit_cores import (
     ConcurrentTiming,
     fit_core_contention,
+    fit_timed_wait_spread,
     fit_whole_step_factor,
     sharing_checks,
 )
@@ -89,6 +90,7 @@ from calibration.selfcheck import (
     measured_components,
     predicted_components,
 )
+from measure.configs import processes
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
@@ -183,9 +185,12 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if isinstance(store, PooledStore) and len(store.sources) > 1:
         notes.append(_one_machine(store, runs))
     by_kind: dict[str, list] = defaultdict(list)
-    held_back = [r for r in runs if is_check_run(r)]
+    timed_waits = [r for r in runs if _is_timed_wait(r)]    # only the wait's spread
+    held_back = [r for r in runs if is_check_run(r) and r not in timed_waits]
     held_ids = {r.row.id for r in held_back}
     for r in runs:
+        if r in timed_waits:
+            continue
         if r.row.kind == "ps" or r.row.id not in held_ids:  # PS runs only feed checks anyway
             by_kind[r.row.kind].append(r)
     if not any(by_kind[k] for k in ("collectives", "compute", *TRAINING_KINDS)):
@@ -248,6 +253,9 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     ps_extra = _ps_worker_extra(by_kind["ps"], stage1, notes)
     if ps_extra:
         fits = dataclasses.replace(fits, ps_worker_extra=ps_extra)
+    if timed_waits and base_cluster.compute_cpu_cores_per_node:
+        fits = dataclasses.replace(fits, timed_wait_spread=_timed_wait_spread(timed_waits,
+                                                                                notes))
     notes += failed_checks(checks)
     spread, spread_runs = _run_spread([r for k in TRAINING_KINDS for r in by_kind[k]])
     if spread is None and any(by_kind[k] for k in TRAINING_KINDS):
@@ -522,6 +530,37 @@ def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict) -> FitRes
     cores = os.cpu_count() or 1
     fit = fit_core_contention(timings, cores)
     checks.update(sharing_checks(timings, cores, fit.value))
+    return fit
+
+
+def _is_timed_wait(run) -> bool:
+    """A run whose workers slept their compute (measure/timed_wait.py)."""
+    return run.row.config.get("compute_mode", "real") == "timed-wait"
+
+
+def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:
+    """compute.timed_wait_spread_ms from the timed-wait runs whose processes outnumbered the
+    host's cores (fit_cores.py `fit_timed_wait_spread`): each worker's timed compute a step
+    after the warm-up. None, noted, where they do not allow the fit."""
+    cores = os.cpu_count() or 1
+    series = []
+    for r in runs:
+        if processes(r.row.config) <= cores:
+            continue
+        warm = int(r.row.config.get("warmup_steps") or 0)
+        by_rank: dict[int, list[float]] = defaultdict(list)
+        for x in r.table("steps"):
+            if int(x["step"]) >= warm:
+                by_rank[int(x["rank"])].append(float(x["compute_s"]))
+        series += [v for _, v in sorted(by_rank.items())]
+    try:
+        fit = fit_timed_wait_spread(series)
+    except PerfmodelError as e:
+        notes.append(f"compute.timed_wait_spread_ms not fitted: {e}")
+        return None
+    notes.append(f"a timed wait on the crowded host strays from its length by {fit.value:.2f} "
+                 f"ms (SD; compute.timed_wait_spread_ms; {fit.points} workers, {len(runs)} "
+                 f"run(s) with more processes than the {cores} cores)")
     return fit
 
 

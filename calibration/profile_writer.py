@@ -47,7 +47,7 @@ MEASURABLE_FIELDS = (
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
-    "compute.ps_worker_extra_ms", "compute.copy_GBps",
+    "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
 )
 
 
@@ -73,6 +73,7 @@ class MeasuredFits:
     memory: MemoryFit | None = None
     server_apply_GBps: FitResult | None = None
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
+    timed_wait_spread: FitResult | None = None       # CPU hosts: a crowded timed wait's, ms
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
     comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()   # ... and u by size
     # ... or, swept at >= 2 crowding levels, the whole collective's stretch by level and size
@@ -151,6 +152,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                 for w in fits.by_workload}
         if fits.copy_GBps is not None or c.copy_GBps:
             compute["copy_GBps"] = _value(fits.copy_GBps, c.copy_GBps)
+        if fits.timed_wait_spread is not None or c.timed_wait_spread_ms:
+            compute["timed_wait_spread_ms"] = _value(fits.timed_wait_spread,
+                                                     c.timed_wait_spread_ms)
         if fits.ps_worker_extra:
             compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
                                              for r in fits.ps_worker_extra}
@@ -244,7 +248,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
-              fits.whole_step_factor, fits.copy_GBps):
+              fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

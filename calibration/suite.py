@@ -32,6 +32,12 @@ it feeds (calibration/from_store.py):
   (`[server.update]`, calibration/fit_ps.py), and checks of the round trip and of the PS
   memory model; the server does not evaluate while it runs. The round trip is what the
   calibration checks itself on (calibration/selfcheck.py).
+- ps-crowded (CPU hosts, full suite): one asynchronous PS run of the workload whose bytes weigh
+  most (mlp) with three times as many processes as cores (5 workers and the server on 2:
+  the server is the bottleneck and the workers queue at it), its workers' compute a timed
+  wait of the shipped CPU profile's unit times, `TIMED_WAIT_STEPS` steps: how far a timed
+  wait strays on a crowded host (`compute.timed_wait_spread_ms`), which decides who
+  reaches a serial server first. Nothing else is fitted on it.
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
@@ -58,6 +64,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from calibration.hardware import CPU_PROFILE, shipped_profile
 from measure.configs import (
     check_workload,
     collectives_config,
@@ -68,6 +75,7 @@ from measure.configs import (
 )
 from measure.protocol import interleave
 from perfmodel.errors import PerfmodelError
+from perfmodel.sim.compute import unit_times
 from perfmodel.workload import load_workload
 
 REUSE_MAX_AGE = dt.timedelta(hours=24)
@@ -91,6 +99,8 @@ DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
 FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copies weigh most in
 FSDP_VARIANT = "grad-op"
+TIMED_WAIT_STEPS = 40               # CPU hosts: the crowded timed-wait PS run (a spread wants
+                                    # many steps; its steps take ~20 ms)
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -238,6 +248,24 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                 + (f" ({r} of {size.fsdp_repeats})" if size.fsdp_repeats > 1 else ""),
                 _training("fsdp", w, ranks, size.steps, {"variant": FSDP_VARIANT}, common),
                 r, optional=True)
+    # CPU hosts: one PS run with three times as many processes as cores, its workers'
+    # compute a timed wait (measure/timed_wait.py), for how far a crowded timed wait strays
+    # (compute.timed_wait_spread_ms, calibration/fit_cores.py): with more processes than
+    # cores a sleep ends when the scheduler hands the core back, and the order in which
+    # workers then reach a serial server decides an SSP run's staleness (docs/model.md).
+    # 5 workers on 2 cores queue at the server, as crowded PS runs do (with 3, its server
+    # idled half the time and the waits strayed by half as much: 2026-12-05). Equal speeds
+    # and asynchronous: a configuration no held-out set runs.
+    if kind == "cpu" and ranks >= 2 and not quick:
+        w = max(names, key=_copy_weight)
+        workers = 2 * ranks + 1
+        config = _training("ps", w, workers, TIMED_WAIT_STEPS,
+                           {"mode": "async",
+                            "eval_every": (TIMED_WAIT_STEPS + WARMUP_STEPS) * workers + 1},
+                           common)
+        add(f"ps-crowded-{w}", f"ps async {w}, {workers} timed-wait workers + server on "
+            f"{ranks} cores", config | timed_wait_config(w, int(config["batch_size"])),
+            oversubscribe=True, optional=True)
     if kind == "cpu":       # every compute workload's own: their working sets differ
         for r in range(1, size.cores_repeats + 1):
             for w in names[:min(size.cores_workloads, size.compute_workloads)]:
@@ -248,6 +276,18 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                                        repeats=size.compute_repeats, warmup=3, concurrent=busy,
                                        **common), r, oversubscribe=True, optional=True)
     return _interleave_training(out, f"ddp-{names[0]}")
+
+
+def timed_wait_config(workload: str, batch_size: int) -> dict[str, Any]:
+    """compute_mode and compute_wait_s of the suite's timed-wait run: the shipped CPU
+    profile's unit times of `workload` (nothing is fitted yet when the suite is built; the
+    run measures how its waits spread around whatever they are)."""
+    t = unit_times(shipped_profile(CPU_PROFILE), load_workload(workload), batch_size,
+                   optimizer_param_fraction=0.0)
+    return {"compute_mode": "timed-wait",
+            "compute_wait_s": {"forward": [float(x) for x in t.forward_s],
+                               "backward": [float(x) for x in t.backward_s],
+                               "optimizer": 0.0}}
 
 
 def _copy_weight(name: str) -> float:

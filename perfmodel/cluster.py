@@ -171,6 +171,14 @@ class Compute:
     # and 12.9 MB of zero gradients: 6.3 GB/s). 0 = not measured: optimizer_GBps. Profiles
     # written before 2026-12-05 call it fsdp_copy_GBps.
     copy_GBps: float = 0.0
+    # CPU hosts only: how far a timed-wait worker's step strays from its length when the
+    # host's processes outnumber its cores, in ms (a sleep ends when the scheduler gives the
+    # core back; measure/timed_wait.py pays oversleep back later, so the mean holds): fitted
+    # from the calibration's crowded timed-wait PS run (calibration/fit_cores.py
+    # `fit_timed_wait_spread`); `perfmodel compare` draws its timed-wait PS workers' steps
+    # with it, since their order of arrival at the serial server decides SSP's staleness.
+    # 0 = not measured: a timed wait takes exactly its time.
+    timed_wait_spread_ms: float = 0.0
 
     def copy_Bps(self) -> float:
         """The host's copy rate in bytes a second (copy_GBps, else optimizer_GBps)."""
@@ -505,6 +513,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             ps_worker_extra_ms=_ps_worker_extra(comp),
             by_precision=_by_precision(comp),
             copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
+            timed_wait_spread_ms=comp.number("timed_wait_spread_ms", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
                       **_server_update(srv)),

@@ -216,15 +216,26 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert same(older) == same(launches[0].config)
     # two workloads' PS servers (server.update needs two gradient sizes), twice each in the
     # full suite; only the first is required, so older stores still calibrate
-    servers = [m for m in full if m.config["kind"] == "ps"]
+    servers = [m for m in full if m.config["kind"] == "ps" and "compute_mode" not in m.config]
     assert [m.config["workload"] for m in servers] == ["cnn-small"] * 2 + ["mlp"] * 2
+    # one crowded timed-wait PS run (compute.timed_wait_spread_ms), full suite on a CPU host:
+    # 5 workers of equal speed and a server on 2 cores, asynchronous (no held-out config)
+    [timed] = [m for m in full if m.config.get("compute_mode") == "timed-wait"]
+    assert timed.config["kind"] == "ps" and timed.config["workers"] == 5 and timed.nproc == 6
+    assert timed.config["options"]["ps"]["mode"] == "async" and timed.config["speed"] == []
+    assert timed.oversubscribe and timed.optional and timed.config["workload"] == "mlp"
+    waits = timed.config["compute_wait_s"]
+    assert len(waits["forward"]) == len(waits["backward"]) == len(load_workload("mlp").units)
+    assert all(x > 0 for x in waits["forward"] + waits["backward"])
+    assert not any(m.config.get("compute_mode") for m in quick)
+    assert not any(m.config.get("compute_mode") for m in build_suite("cuda", suite="x"))
     assert [m.optional for m in servers] == [False, True, True, True]
     assert [m.config["workload"] for m in quick if m.config["kind"] == "ps"] == [
         "cnn-small", "mlp"]
     assert all(m.optional for m in fsdp)        # stores from before still calibrate
     assert not any(m.optional for m in full
-                   if m not in cores + launches + crowded + servers + fsdp)
-    assert not any(m.oversubscribe for m in full if m not in cores + crowded)
+                   if m not in cores + launches + crowded + servers + fsdp + [timed])
+    assert not any(m.oversubscribe for m in full if m not in cores + crowded + [timed])
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
         for ps in [m for m in suite if m.config["kind"] == "ps"]:

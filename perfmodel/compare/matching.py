@@ -305,6 +305,8 @@ class Comparison:
     thread_cores: float | None = None   # of own_cores, the training threads' (thread_cores)
     # PS: phase -> (model, measured median over repeats) seconds per update (SERVER_PHASES)
     server_phases: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # PS predicted over several seeds: the pooled mean staleness's (min, max) over them
+    staleness_seed_range: tuple[float, float] | None = None
 
     @property
     def other_cores(self) -> float | None:
@@ -406,7 +408,7 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         "peak_memory": Quantity.of(None if timed else predicted["peak_memory_bytes"],
                                    [m.peak_memory_bytes for m in measured]),
         "staleness_mean": Quantity.of(
-            float(np.mean(pred_tau)) if ps and pred_tau else None,
+            _predicted_staleness(predicted, pred_tau) if ps else None,
             [float(np.mean(m.staleness)) for m in measured if m.staleness] if ps else []),
     }
     pred_w = {int(w): float(v) for w, v in
@@ -439,7 +441,23 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         own_cores=_median_of(m.own_cores for m in measured),
         host_cores=_median_of(m.host_cores for m in measured),
         thread_cores=_median_of(m.thread_cores for m in measured),
-        server_phases=_phases(predicted.get("server_phases_s") or {}, measured) if ps else {})
+        server_phases=_phases(predicted.get("server_phases_s") or {}, measured) if ps else {},
+        staleness_seed_range=seed_range(predicted))
+
+
+def seed_range(predicted: dict[str, Any]) -> tuple[float, float] | None:
+    """The pooled mean staleness's (min, max) over the seeds a record was predicted at."""
+    found = (predicted.get("seed_range") or {}).get("staleness_mean")
+    return (float(found[0]), float(found[1])) if found else None
+
+
+def _predicted_staleness(predicted: dict[str, Any], values: tuple[float, ...]) -> float | None:
+    """The predicted pooled mean staleness: the record's own (over several seeds, the median
+    of each seed's mean, as the measured side takes the median of each run's), else the
+    mean of its values."""
+    if predicted.get("staleness_mean") is not None:
+        return float(predicted["staleness_mean"])
+    return float(np.mean(values)) if values else None
 
 
 def _phases(model: dict[str, float], measured: Sequence[MeasuredRun]

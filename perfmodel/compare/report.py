@@ -365,10 +365,14 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
            "not one worker's own: workers of one speed are exchangeable, and which of them "
            "pushes first after a synchronisation releases them is the server's reply order "
            "reshuffled by step-time noise, which the model carries only as its jitter; the "
-           "worst single worker is shown beside it, not counted. " + W1_LEGEND, "",
-           "| config | why it can be wrong | pooled mean pred | pooled mean meas | worst "
-           "speed: pred / meas | counted error | worst worker: pred / meas (not counted) | "
-           "W1 (versions) |", "|---|---|---|---|---|---|---|---|"]
+           "worst single worker is shown beside it, not counted. A PS row is predicted at "
+           "several seeds and the medians compared, as the measured side takes the median "
+           "over its repeats; the range over the seeds stands beside the range over the "
+           "runs (an SSP run with a straggler flips between two orders of service, so its "
+           "runs spread: docs/model.md). " + W1_LEGEND, "",
+           "| config | why it can be wrong | pooled mean pred [seeds min–max] | pooled mean "
+           "meas [runs min–max] | worst speed: pred / meas | counted error | worst worker: "
+           "pred / meas (not counted) | W1 (versions) |", "|---|---|---|---|---|---|---|---|"]
     errs = []
     for r in chosen:
         q = r.quantities["staleness_mean"]
@@ -381,9 +385,12 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
         err, _ = counts(r, "staleness_mean")
         if err is not None:
             errs.append((abs(err), r.key, err))
-        out.append(f"| {r.key} | {r.staleness_can_be_wrong} | {fmt(q.predicted)} | "
-                   f"{fmt(q.measured)} | {speed} | {pct(err)} | {worst} | "
-                   f"{fmt(r.staleness_w1)} |")
+        seeds = r.staleness_seed_range
+        pred = fmt(q.predicted) + (f" [{fmt(seeds[0])}–{fmt(seeds[1])}]" if seeds else "")
+        meas = fmt(q.measured) + (f" [{fmt(q.low)}–{fmt(q.high)}]"
+                                  if q.low is not None and q.high is not None else "")
+        out.append(f"| {r.key} | {r.staleness_can_be_wrong} | {pred} | {meas} | {speed} | "
+                   f"{pct(err)} | {worst} | {fmt(r.staleness_w1)} |")
     w1 = [(r.staleness_w1, r.key) for r in chosen if r.staleness_w1 is not None]
     worst_lines = []
     if errs:

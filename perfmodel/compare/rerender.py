@@ -22,7 +22,13 @@ from typing import Any
 
 from perfmodel.cluster import parse_profile
 from perfmodel.compare import anchor, elastic_report, figures, report, summary
-from perfmodel.compare.matching import QUANTITIES, SERVER_PHASES, Comparison, Quantity
+from perfmodel.compare.matching import (
+    QUANTITIES,
+    SERVER_PHASES,
+    Comparison,
+    Quantity,
+    seed_range,
+)
 from perfmodel.compare.protocol import HeldOut, today
 from perfmodel.errors import PerfmodelError
 
@@ -77,7 +83,8 @@ def rows_from(doc: dict[str, Any], predictions: dict[str, dict[str, Any]]
             thread_cores=c.get("thread_cores"),
             server_phases={k: (c.get(f"server_{k}_model"), c.get(f"server_{k}_measured"))
                            for k in SERVER_PHASES
-                           if c.get(f"server_{k}_measured") is not None}))
+                           if c.get(f"server_{k}_measured") is not None},
+            staleness_seed_range=seed_range(pred)))
     return rows
 
 

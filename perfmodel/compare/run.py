@@ -10,6 +10,7 @@ The 1-minute load average before each run is kept: this machine's 2 cores may be
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from perfmodel.compare.matching import (
     steady_throughput,
 )
 from perfmodel.compare.protocol import (
+    MODEL_SEEDS,
     WARMUP_STEPS,
     HeldOut,
     model_options,
@@ -45,9 +47,13 @@ from perfmodel.uncertainty import CalibrationErrors, interval_for
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 
 
-def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
-                     ) -> dict[str, Any]:
-    """Everything the report needs from one prediction, as plain JSON-able values."""
+def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None,
+                     more: Sequence[Prediction] = ()) -> dict[str, Any]:
+    """Everything the report needs from one prediction, as plain JSON-able values; with
+    `more` (the same configuration at other seeds), the throughput, step time, its interval
+    and the staleness are the medians over all of them (`over_seeds`)."""
+    if more:
+        return over_seeds(predicted_record(h, p, errors), [p, *more], h, errors)
     s = p.summary
     worker = p.memory["worker"]
     other = worker.comm_buffers_bytes + worker.framework_bytes + worker.overhead_bytes
@@ -79,6 +85,49 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
         "timeline": timeline(p),
         "server_phases_s": model_server_phases(p) if ps else {},
     }
+
+
+def _ps_point(h: HeldOut, p: Prediction) -> tuple[float, float, np.ndarray, dict[int, float]]:
+    """(throughput, step time, steady staleness values, per-worker mean staleness) of one PS
+    prediction, as predicted_record computes them."""
+    s = p.summary
+    thr = (steady_throughput(p.result.updates, WARMUP_STEPS, h.batch)
+           or s.throughput_samples_per_s)
+    return (thr, s.step_time_s.mean, steady_staleness(p.result.updates, WARMUP_STEPS),
+            steady_staleness_by_worker(p.result.updates, WARMUP_STEPS))
+
+
+def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
+               errors: CalibrationErrors | None) -> dict[str, Any]:
+    """`record` (the first seed's) with the medians over `runs` (one PS configuration at
+    several seeds) in place of its point predictions, as the measured side takes the median
+    over repeats: throughput, step time (and the interval around it), the pooled mean
+    staleness and each worker's mean; the staleness distribution pools every seed's values.
+    `seed_range` keeps each quantity's min and max over the seeds."""
+    points = [_ps_point(h, p) for p in runs]
+    thr = [x[0] for x in points]
+    step = [x[1] for x in points]
+    means = [float(x[2].mean()) for x in points if x[2].size]
+    workers = sorted({w for x in points for w in x[3]})
+    by_worker = {w: [x[3][w] for x in points if w in x[3]] for w in workers}
+    out = dict(record)
+    out["throughput_samples_per_s"] = float(np.median(thr))
+    out["step_time_s"] = float(np.median(step))
+    if errors is not None:
+        s = runs[0].summary
+        iv = interval_for(out["step_time_s"], errors,
+                          compute_share=s.compute_s / s.step_time_s.mean)[0]
+        out["step_time_interval_s"] = {"low": iv.low_s, "high": iv.high_s,
+                                       "coverage": iv.coverage}
+    out["staleness_values"] = [float(v) for x in points for v in x[2]]
+    out["staleness_mean"] = float(np.median(means)) if means else None
+    out["staleness_worker_means"] = {str(w): float(np.median(v)) for w, v in by_worker.items()}
+    out["seeds"] = [p.scenario.seed for p in runs]
+    out["seed_range"] = {
+        "throughput_samples_per_s": [min(thr), max(thr)], "step_time_s": [min(step), max(step)],
+        "staleness_mean": [min(means), max(means)] if means else None,
+        "staleness_worker_means": {str(w): [min(v), max(v)] for w, v in by_worker.items()}}
+    return out
 
 
 def model_server_phases(p: Prediction) -> dict[str, float]:
@@ -133,9 +182,10 @@ def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,
                 cpu: bool = True) -> list[dict[str, Any]]:
     out = []
     for h in held_out:
-        p = predict(h.strategy, scenario_for(h, profile, steps=steps, seed=seed),
-                    **model_options(h, cpu=cpu))
-        out.append(predicted_record(h, p, errors))
+        seeds = range(seed, seed + (MODEL_SEEDS if h.kind == "ps" else 1))
+        p, *more = [predict(h.strategy, scenario_for(h, profile, steps=steps, seed=s),
+                            **model_options(h, cpu=cpu)) for s in seeds]
+        out.append(predicted_record(h, p, errors, more))
     return out
 
 
