@@ -103,7 +103,8 @@ def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
     several seeds) in place of its point predictions, as the measured side takes the median
     over repeats: throughput, step time (and the interval around it), the pooled mean
     staleness and each worker's mean; the staleness distribution pools every seed's values.
-    `seed_range` keeps each quantity's min and max over the seeds."""
+    `seed_range` keeps each quantity's min and max over the seeds. The step's breakdown, the
+    timeline, the memory and the server phases stay the first seed's."""
     points = [_ps_point(h, p) for p in runs]
     thr = [x[0] for x in points]
     step = [x[1] for x in points]
