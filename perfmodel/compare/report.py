@@ -207,15 +207,17 @@ def band_probability(n: int, coverage: float = DEFAULT_COVERAGE,
     outside it says little; the width beside it and the reports together say more."""
     if n < 1:
         raise ValueError(f"need at least one row, got {n}")
-    ks = [k for k in range(n + 1) if band[0] - 1e-12 <= k / n <= band[1] + 1e-12]
+    ks = [k for k in range(n + 1) if _within(k / n, band)]
     return float(sum(scipy.stats.binom.pmf(k, n, coverage) for k in ks))
+
+
+def _within(fraction: float, band: tuple[float, float] = COVERAGE_BAND) -> bool:
+    return band[0] - 1e-12 <= fraction <= band[1] + 1e-12     # 12 of 15 is 80 %, not less
 
 
 def in_band(h: Headline) -> bool | None:
     """Whether the headline's coverage lies in COVERAGE_BAND (None: no intervals)."""
-    if not h.with_interval:
-        return None
-    return COVERAGE_BAND[0] - 1e-12 <= h.inside / h.with_interval <= COVERAGE_BAND[1] + 1e-12
+    return _within(h.inside / h.with_interval) if h.with_interval else None
 
 
 def interval_cell(h: Headline) -> str:

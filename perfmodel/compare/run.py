@@ -60,41 +60,43 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
     parts = {"params": worker.params_bytes, "grads": worker.grads_bytes,
              "optimizer": worker.optimizer_bytes, "activations": worker.activations_bytes,
              "other": other}
-    iv = step_interval(p, errors)
-    interval = None if iv is None else {"low": iv.low_s, "high": iv.high_s,
-                                        "coverage": iv.coverage}
-    ps = h.kind == "ps"
-    tau = steady_staleness(p.result.updates, WARMUP_STEPS) if ps else np.zeros(0)
+    throughput, step_s, tau, by_worker = _point(h, p)
     return {
         "key": h.key, "label": h.label, "what": h.what, "strategy": h.strategy,
         "kind": h.kind, "mode": h.mode, "workload": h.workload, "workers": h.workers,
         "batch_size": h.batch, "speed": list(h.speed), "link_rate_Gbps": h.link_rate_Gbps,
         "model_options": p.options, "seed": p.scenario.seed, "steps": p.scenario.steps,
-        "throughput_samples_per_s": (steady_throughput(p.result.updates, WARMUP_STEPS, h.batch)
-                                     if ps else None) or s.throughput_samples_per_s,
-        "step_time_s": s.step_time_s.mean,
+        "throughput_samples_per_s": throughput,
+        "step_time_s": step_s,
         "breakdown": {"compute_s": s.compute_s, "comm_exposed_s": s.comm_exposed_s,
                       "wait_s": s.wait_s},
-        "step_time_interval_s": interval,
+        "step_time_interval_s": _interval(step_interval(p, errors, step_s)),
         "peak_memory_bytes": worker.peak_bytes,
         "memory_parts": {k: float(parts[k]) for k in MEMORY_PARTS},
         "staleness_values": [float(v) for v in tau],
         "staleness_mean": float(tau.mean()) if tau.size else None,
-        "staleness_worker_means": ({str(w): v for w, v in steady_staleness_by_worker(
-            p.result.updates, WARMUP_STEPS).items()} if ps else {}),
+        "staleness_worker_means": {str(w): v for w, v in by_worker.items()},
         "timeline": timeline(p),
-        "server_phases_s": model_server_phases(p) if ps else {},
+        "server_phases_s": model_server_phases(p) if h.kind == "ps" else {},
     }
 
 
-def _ps_point(h: HeldOut, p: Prediction) -> tuple[float, float, np.ndarray, dict[int, float]]:
-    """(throughput, step time, steady staleness values, per-worker mean staleness) of one PS
-    prediction, as predicted_record computes them."""
+def _point(h: HeldOut, p: Prediction) -> tuple[float, float, np.ndarray, dict[int, float]]:
+    """(throughput, step time, steady staleness values, per-worker mean staleness) of one
+    prediction; a PS's throughput counted over its updates while every worker pushes
+    (matching.steady_throughput, as the measured side), its staleness over the steady
+    window; no staleness elsewhere."""
     s = p.summary
+    if h.kind != "ps":
+        return s.throughput_samples_per_s, s.step_time_s.mean, np.zeros(0), {}
     thr = (steady_throughput(p.result.updates, WARMUP_STEPS, h.batch)
            or s.throughput_samples_per_s)
     return (thr, s.step_time_s.mean, steady_staleness(p.result.updates, WARMUP_STEPS),
             steady_staleness_by_worker(p.result.updates, WARMUP_STEPS))
+
+
+def _interval(iv) -> dict[str, float] | None:
+    return None if iv is None else {"low": iv.low_s, "high": iv.high_s, "coverage": iv.coverage}
 
 
 def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
@@ -105,7 +107,7 @@ def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
     staleness and each worker's mean; the staleness distribution pools every seed's values.
     `seed_range` keeps each quantity's min and max over the seeds. The step's breakdown, the
     timeline, the memory and the server phases stay the first seed's."""
-    points = [_ps_point(h, p) for p in runs]
+    points = [_point(h, p) for p in runs]
     thr = [x[0] for x in points]
     step = [x[1] for x in points]
     means = [float(x[2].mean()) for x in points if x[2].size]
@@ -114,12 +116,7 @@ def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
     out = dict(record)
     out["throughput_samples_per_s"] = float(np.median(thr))
     out["step_time_s"] = float(np.median(step))
-    if errors is not None:
-        s = runs[0].summary
-        iv = interval_for(out["step_time_s"], errors,
-                          compute_share=s.compute_s / s.step_time_s.mean)[0]
-        out["step_time_interval_s"] = {"low": iv.low_s, "high": iv.high_s,
-                                       "coverage": iv.coverage}
+    out["step_time_interval_s"] = _interval(step_interval(runs[0], errors, out["step_time_s"]))
     out["staleness_values"] = [float(v) for x in points for v in x[2]]
     out["staleness_mean"] = float(np.median(means)) if means else None
     out["staleness_worker_means"] = {str(w): float(np.median(v)) for w, v in by_worker.items()}
@@ -145,13 +142,15 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
             * (p.scenario.workers if strategy_records.get(p.strategy).synchronous else 1)}
 
 
-def step_interval(p: Prediction, errors: CalibrationErrors | None):
+def step_interval(p: Prediction, errors: CalibrationErrors | None,
+                  point_s: float | None = None):
     """The step time's prediction interval from the calibration's errors (None without):
-    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py)."""
+    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py);
+    around `point_s` where given (a median over seeds), else `p`'s own step."""
     if errors is None:
         return None
     s = p.summary
-    return interval_for(s.step_time_s.mean, errors,
+    return interval_for(s.step_time_s.mean if point_s is None else point_s, errors,
                         compute_share=s.compute_s / s.step_time_s.mean)[0]
 
 
