@@ -96,7 +96,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim import psnet
 from perfmodel.sim.collectives import link_transfer_s
-from perfmodel.sim.compute import ps_worker_seconds, unit_times
+from perfmodel.sim.compute import ps_worker_seconds, unit_times, weights_streamed_s
 from perfmodel.sim.cores import own_work_s_per_byte
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 from perfmodel.sim.fsdp import FSDP, copy_bytes, divide_bytes
@@ -566,16 +566,19 @@ def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:
 
 def _whole_step(runs, cluster: ClusterProfile) -> FitResult | None:
     """compute.whole_step_factor from the 1-process concurrent runs (fit_cores.py), their
-    passes modelled with the compute fit (`cluster`); None without such runs."""
+    passes modelled with the compute fit (`cluster`); None without such runs. The weights'
+    trip through memory (sim/compute.py weights_streamed_s) is its own term beside the
+    factor, so it is taken off both sides: the factor multiplies the passes alone."""
     steps, passes = [], []
     for r in runs:
         if int(r.row.world_size or 0) != 1:
             continue
         w = load_workload(r.row.workload)
+        streamed = float(sum(a.sum() for a in weights_streamed_s(cluster, w)))
         model = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=0).step_s
         for t in concurrent_timings([r]):
-            steps.append(t.step_s)
-            passes.append(model)
+            steps.append(t.step_s - streamed)
+            passes.append(model - streamed)
     return fit_whole_step_factor(steps, passes) if len(steps) >= 2 else None
 
 

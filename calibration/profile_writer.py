@@ -150,6 +150,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                 w.workload: {"whole_step_factor": w.whole_step_factor.value,
                              "core_contention": w.core_contention.value}
                 for w in fits.by_workload}
+        if cf is not None or c.weight_stream_GBps:    # units timed apart: see the field
+            compute["weight_stream_GBps"] = (compute["optimizer_GBps"] if cf is not None
+                                             else c.weight_stream_GBps)
         if fits.copy_GBps is not None or c.copy_GBps:
             compute["copy_GBps"] = _value(fits.copy_GBps, c.copy_GBps)
         if fits.timed_wait_spread is not None or c.timed_wait_spread_ms:

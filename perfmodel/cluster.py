@@ -179,6 +179,13 @@ class Compute:
     # with it, since their order of arrival at the serial server decides SSP's staleness.
     # 0 = not measured: a timed wait takes exactly its time.
     timed_wait_spread_ms: float = 0.0
+    # CPU hosts calibrated from unit timings only: the rate at which a whole step moves
+    # each unit's weights through memory (forward reads them, backward reads them and
+    # writes their gradients), which units timed apart, cache-warm, never pay
+    # (perfmodel/sim/compute.py weights_streamed_s). Calibration writes optimizer_GBps
+    # here, the same memory-bound traffic. 0 = nothing added (GPUs, profiler-trace fits,
+    # profiles written before 2026-12-05).
+    weight_stream_GBps: float = 0.0
 
     def copy_Bps(self) -> float:
         """The host's copy rate in bytes a second (copy_GBps, else optimizer_GBps)."""
@@ -514,6 +521,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             by_precision=_by_precision(comp),
             copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
             timed_wait_spread_ms=comp.number("timed_wait_spread_ms", 0.0),
+            weight_stream_GBps=comp.number("weight_stream_GBps", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
                       **_server_update(srv)),

@@ -95,9 +95,39 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
     bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
+    # A CPU host's whole step streams each unit's weights from memory (weights_streamed_s)
+    stream_f, stream_b = weights_streamed_s(cluster, workload)
+    fwd = fwd + stretch["forward"] / whole * stream_f
+    bwd = bwd + stretch["backward"] / whole * stream_b
     share = cluster.compute_share(busy, workload.name)
     return UnitTimes(share * fwd, share * bwd,
                      share * optimizer_seconds(cluster, workload, optimizer_param_fraction))
+
+
+def weights_streamed_s(cluster: ClusterProfile, workload: Workload
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds per unit of moving its weights through memory in a whole
+    step: forward reads the parameters, backward reads them again and writes their
+    gradients, at `compute.weight_stream_GBps` (a CPU host's calibration writes its
+    optimizer rate there, the same memory-bound traffic); zero where that is 0 (GPUs,
+    profiler-trace fits, whose op timings already hold it).
+
+    Why. The compute fit times each unit apart, many times over, so a unit's weights sit in
+    the cache; a whole step cycles the whole model through it (the mlp: 12.7 MB of weights,
+    as much of gradients, beside the momentum, against a 32 MiB L3 two ranks share), so
+    they come from memory again every step: a cost a step that does not grow with the
+    batch, which the whole-step factor, a multiplier fitted at one batch, cannot carry.
+    Timed here (2026-12-05, one process, one thread, pinned, idle host): the mlp's whole
+    forward + backward took 3.5, 4.0 and 4.3 ms longer than its units timed apart at batch
+    16, 32 and 64, where 3 x 12.7 MB at the fitted optimizer rate (13.1 GB/s) is 2.9 ms;
+    cnn-small has a fifth of the weights."""
+    zero = np.zeros(len(workload.units))
+    rate = cluster.compute.weight_stream_GBps * 1e9
+    if rate <= 0:
+        return zero, zero
+    p = workload.precision_spec
+    params = np.array([u.params for u in workload.units], dtype=float)
+    return params * p.param_bytes / rate, params * (p.param_bytes + p.grad_bytes) / rate
 
 
 def optimizer_seconds(cluster: ClusterProfile, workload: Workload, param_fraction: float) -> float:
