@@ -83,6 +83,7 @@ from calibration.hardware import detect, shipped_profile
 from calibration.pool import ID_STRIDE, SAME_MACHINE_RATIO, PooledStore
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
 from calibration.selfcheck import (
+    COMMUNICATION,
     SelfCheck,
     check_run,
     is_check_run,
@@ -274,9 +275,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                    versions=_versions(runs), runs=len(runs), run_spread_cv=spread,
                    cpu_cores=os.cpu_count())     # fitted on the host that measured (checked)
     finished = _as_cluster(base_cluster, fits)
-    step_rms, step_runs = _step_residual([r for k in ("ddp", "fsdp") for r in by_kind[k]],
-                                         finished, notes)
-    info = dataclasses.replace(info, step_rms_rel=step_rms, step_rms_runs=step_runs)
+    step_rms, comm_rms, step_runs = _step_residual(
+        [r for k in ("ddp", "fsdp") for r in by_kind[k]], finished, notes)
+    info = dataclasses.replace(info, step_rms_rel=step_rms, step_comm_rms_rel=comm_rms,
+                               step_rms_runs=step_runs)
     self_checks = _self_checks(held_back, finished, spread, notes)
     spread_warning = load_tolerances().spread_warning(spread)
     notes += [spread_warning] if spread_warning else []
@@ -319,27 +321,35 @@ def _one_machine(store: PooledStore, runs) -> str:
 
 
 def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]
-                   ) -> tuple[float | None, int]:
-    """RMS of log(predicted / measured) mean step time over the DDP/FSDP runs the fits used
-    (in-sample: the model's error at the step level, with those runs' own noise)."""
-    logs = []
+                   ) -> tuple[float | None, float | None, int]:
+    """(RMS of log(predicted / measured) mean step time, the same with each run's measured
+    compute in place of the model's, run count) over the DDP/FSDP runs the fits used
+    (in-sample: the model's error at the step level, with those runs' own noise). The second
+    is the communication model's share alone: the width for a timed wait, whose compute is
+    the model's own by construction (perfmodel/uncertainty.py)."""
+    logs, comm_logs = [], []
     for r in fitted:
-        measured = measured_components(r).get("step")
-        if not measured:
+        measured = measured_components(r)
+        if not measured.get("step"):
             continue
         try:
-            predicted = predicted_components(cluster, r)["step"]
+            predicted = predicted_components(cluster, r)
         except PerfmodelError as e:
             notes.append(f"step residual of run {r.row.id} not computed: {e}")
             continue
-        logs.append(math.log(predicted / measured))
+        logs.append(math.log(predicted["step"] / measured["step"]))
+        comm = COMMUNICATION[r.row.kind]
+        comm_logs.append(math.log((measured["compute"] + predicted[comm]) / measured["step"]))
     if not logs:
-        return None, 0
+        return None, None, 0
     rms = math.sqrt(sum(v * v for v in logs) / len(logs))
+    comm_rms = math.sqrt(sum(v * v for v in comm_logs) / len(comm_logs))
     notes.append(f"step-time residual of the {len(logs)} fitted DDP/FSDP runs: {rms:.1%} RMS "
                  f"(log), bias {math.expm1(sum(logs) / len(logs)):+.1%}: the width of this "
-                 f"profile's prediction intervals with the run-to-run spread")
-    return rms, len(logs)
+                 f"profile's prediction intervals with the run-to-run spread; with their "
+                 f"measured compute in place of the model's {comm_rms:.1%} RMS (the width "
+                 f"for timed-wait runs, whose compute is the model's own)")
+    return rms, comm_rms, len(logs)
 
 
 def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,

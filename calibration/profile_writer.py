@@ -100,6 +100,7 @@ class RunInfo:
     runs: int                       # measurement runs the fits used
     run_spread_cv: float | None = None   # run-to-run CV of a repeated configuration's step
     step_rms_rel: float | None = None    # RMS log error of the fitted runs' mean step time
+    step_comm_rms_rel: float | None = None   # the same with their measured compute
     step_rms_runs: int = 0               # how many runs that residual is over
     cpu_cores: int | None = None    # cores of the host (for a CPU base's comm_cpu_cores_per_node)
     date: str = ""                  # ISO 8601; "" = now, in UTC
@@ -284,6 +285,8 @@ def _errors(fits: MeasuredFits, info: RunInfo) -> dict[str, float]:
     if info.step_rms_rel is not None:
         out["step_rms_rel"] = info.step_rms_rel
         out["step_rms_runs"] = info.step_rms_runs
+    if info.step_comm_rms_rel is not None:
+        out["step_comm_rms_rel"] = info.step_comm_rms_rel
     return out
 
 

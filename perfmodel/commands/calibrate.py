@@ -175,7 +175,8 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     """The calibration table of a profile's data, for the JSON and the table."""
     table = data["calibration"]
     return {key: table.get(key) for key in (
-        "residuals", "run_spread_cv", "step_rms_rel", "network_rms_rel", "compute_rms_rel",
+        "residuals", "run_spread_cv", "step_rms_rel", "step_comm_rms_rel", "network_rms_rel",
+        "compute_rms_rel",
         "residuals_by_op", "checks", "self_check", "measured", "unmeasured", "notes")} | {
         "provenance": {k: data["provenance"][k] for k in ("date", "host", "versions", "runs",
                                                           "devices")}}
@@ -202,6 +203,9 @@ def render(out: dict[str, Any]) -> str:
     if out.get("step_rms_rel") is not None:
         lines.append(f"  {'step residual, fitted runs (RMS)':<34} {out['step_rms_rel']:>11.1%}"
                      f"   (with the spread: the prediction intervals' width)")
+    if out.get("step_comm_rms_rel") is not None:
+        lines.append(f"  {'... with measured compute (RMS)':<34} "
+                     f"{out['step_comm_rms_rel']:>11.1%}   (a timed wait's interval width)")
     by_op = out.get("residuals_by_op") or {}
     if by_op:
         lines += ["", "  residuals by collective (model - measured) / measured:"]

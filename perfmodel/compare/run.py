@@ -145,13 +145,15 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
 def step_interval(p: Prediction, errors: CalibrationErrors | None,
                   point_s: float | None = None):
     """The step time's prediction interval from the calibration's errors (None without):
-    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py);
-    around `point_s` where given (a median over seeds), else `p`'s own step."""
+    step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py),
+    the communication-only one for a timed wait, whose compute is the model's own; around
+    `point_s` where given (a median over seeds), else `p`'s own step."""
     if errors is None:
         return None
     s = p.summary
     return interval_for(s.step_time_s.mean if point_s is None else point_s, errors,
-                        compute_share=s.compute_s / s.step_time_s.mean)[0]
+                        compute_share=s.compute_s / s.step_time_s.mean,
+                        compute_exact=p.scenario.cluster.timed_wait)[0]
 
 
 def timeline(p: Prediction) -> dict[str, Any]:

@@ -222,8 +222,13 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
         interval = ("90 % prediction intervals (perfmodel/uncertainty.py), log-normal with "
                     f"σ² = r_step² + s²: the step-time residual of the runs set A fitted "
                     f"(r_step {step:.1%} RMS, in-sample: no held-out run is used) and set A's "
-                    f"run-to-run spread (s {errors[2]:.1%} CV); coverage counts a measured "
-                    f"median inside its configuration's interval")
+                    f"run-to-run spread (s {errors[2]:.1%} CV)"
+                    + (f"; timed-wait rows, whose compute is the model's own, take r_comm "
+                       f"{table['step_comm_rms_rel']:.1%} in place of r_step (the same runs' "
+                       f"residual with their measured compute)"
+                       if table.get("step_comm_rms_rel") is not None else "")
+                    + "; coverage counts a measured median inside its configuration's "
+                      "interval")
     else:
         interval = ("90 % prediction intervals (perfmodel/uncertainty.py) from the profile's "
                     f"per-point residuals (network {errors[0]:.1%}, compute {errors[1]:.1%} "
