@@ -1,6 +1,7 @@
 """A timed wait's interval (perfmodel/uncertainty.py): its compute is the model's own, so its
 width is the fitted runs' step residual with their measured compute in place of the model's
-(`step_comm_rms_rel`), not the whole step residual."""
+(`step_comm_rms_rel`), not the whole step residual. Its value from stored runs:
+tests/test_intervals.py, beside r_step's."""
 
 from __future__ import annotations
 
@@ -11,14 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from calibration.from_store import calibrate_runs
-from calibration.selfcheck import measured_components, predicted_components
-from measure.store import Store
-from perfmodel.cluster import load_cluster, parse_profile
+from perfmodel.cluster import load_cluster
 from perfmodel.compare.run import step_interval as compare_interval
 from perfmodel.errors import PerfmodelError
 from perfmodel.uncertainty import CalibrationErrors, calibration_errors, interval_for
-from tests.fixtures.runs_json import load_into_store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "local_runs.json"
 ERRORS = CalibrationErrors(network_rms_rel=0.5, compute_rms_rel=0.3, run_spread_cv=0.04,
@@ -61,25 +58,3 @@ def test_compare_picks_the_width_by_whether_the_prediction_is_a_timed_wait():
         pytest.approx(math.hypot(0.05, 0.04))
     assert compare_interval(prediction(local), ERRORS).sigma_rel == \
         pytest.approx(math.hypot(0.14, 0.04))
-
-
-def test_calibration_computes_it_over_the_fitted_runs_with_their_measured_compute(tmp_path):
-    """log((measured compute + predicted communication) / measured step), RMS over set A's
-    DDP runs, recomputed here from the stored runs; it is not the whole step's residual."""
-    store = Store(tmp_path / "store.sqlite")
-    load_into_store(FIXTURE, store, tmp_path / "runs")
-    suite = [r.id for r in store.list_runs() if r.config.get("calibration")]
-    data = calibrate_runs(store, suite).profile("comm-test")
-    cluster = parse_profile(data, Path("comm-test.toml"))
-    logs = []
-    for i in suite:
-        run = store.get_run(i)
-        if run.row.kind != "ddp":
-            continue
-        p, m = predicted_components(cluster, run), measured_components(run)
-        logs.append(math.log((m["compute"] + p["collective"]) / m["step"]))
-    table = data["calibration"]
-    assert len(logs) == table["step_rms_runs"] == 4
-    assert table["step_comm_rms_rel"] == pytest.approx(
-        math.sqrt(sum(v * v for v in logs) / len(logs)), rel=1e-9)
-    assert table["step_comm_rms_rel"] != pytest.approx(table["step_rms_rel"], rel=0.01)

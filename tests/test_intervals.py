@@ -85,17 +85,22 @@ def test_the_step_residual_is_over_the_fitted_ddp_runs_only(fitted):
     self-check's) and the recorded runs outside the suite (held out) do not enter it."""
     store, suite, data = fitted
     cluster = parse_profile(data, Path("intervals-test.toml"))
-    logs = []
+    logs, comm_logs = [], []
     for i in suite:
         run = store.get_run(i)
         if run.row.kind != "ddp":
             continue
-        p, m = predicted_components(cluster, run)["step"], measured_components(run)["step"]
-        logs.append(math.log(p / m))
+        p, m = predicted_components(cluster, run), measured_components(run)
+        logs.append(math.log(p["step"] / m["step"]))
+        # a timed wait's width: the same runs with their measured compute (test_comm_interval)
+        comm_logs.append(math.log((m["compute"] + p["collective"]) / m["step"]))
     table = data["calibration"]
     assert table["step_rms_runs"] == len(logs) == 4
     assert table["step_rms_rel"] == pytest.approx(math.sqrt(sum(v * v for v in logs) / 4),
                                                   rel=1e-9)
+    assert table["step_comm_rms_rel"] == pytest.approx(
+        math.sqrt(sum(v * v for v in comm_logs) / 4), rel=1e-9)
+    assert table["step_comm_rms_rel"] != pytest.approx(table["step_rms_rel"], rel=0.01)
 
 
 def test_a_profile_with_the_step_residual_gives_predict_the_step_level_interval(
