@@ -81,7 +81,8 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     scale = workload.element_bytes / workload.activation_element_bytes
     slow = 1.0 + (cluster.compute.overlap_slowdown - 1.0) * min(max(in_flight, 0.0), 1.0)
     whole = cluster.compute.whole_step(workload.name)
-    stretch = {p: whole * (slow if p in overlapped else 1.0) for p in ("forward", "backward")}
+    over = {p: slow if p in overlapped else 1.0 for p in ("forward", "backward")}
+    stretch = {p: whole * over[p] for p in over}
     fwd = stretch["forward"] * np.array(
         [pass_seconds(cluster, u.forward_flops_per_sample * batch_size, key,
                       scale * u.forward_bytes_per_sample * batch_size, u.forward_kernels,
@@ -95,10 +96,12 @@ def unit_times(cluster: ClusterProfile, workload: Workload, batch_size: int,
     # Activation checkpointing replays a checkpointed unit's forward inside its backward.
     recompute = np.array([workload.checkpointed(i) for i in range(len(workload.units))])
     bwd = bwd + stretch["backward"] / stretch["forward"] * fwd * recompute
-    # A CPU host's whole step streams each unit's weights from memory (weights_streamed_s)
-    stream_f, stream_b = weights_streamed_s(cluster, workload)
-    fwd = fwd + stretch["forward"] / whole * stream_f
-    bwd = bwd + stretch["backward"] / whole * stream_b
+    # A CPU host's whole step streams each unit's weights from memory (weights_streamed_s),
+    # beside the whole-step factor; GPUs skip it (the predict path stays as it was)
+    if cluster.compute.weight_stream_GBps > 0:
+        stream_f, stream_b = weights_streamed_s(cluster, workload)
+        fwd = fwd + over["forward"] * stream_f
+        bwd = bwd + over["backward"] * stream_b
     share = cluster.compute_share(busy, workload.name)
     return UnitTimes(share * fwd, share * bwd,
                      share * optimizer_seconds(cluster, workload, optimizer_param_fraction))
