@@ -30,31 +30,39 @@ fitted DDP runs were predicted within 13–27 %. Stacking the two point residual
 component, each at a share of 1 by default, counted that point noise twice.
 
 A measured profile that says `step_rms_rel` (calibration/from_store.py) gets the step-level
-interval instead:
+interval instead, for the median of n runs (n = 1 for `perfmodel predict`, the plan's
+repeats for `perfmodel compare`, whose measured side is the median over its repeats):
 
-    σ² = r_step² + s²
+    σ² = max(r_step² − s², 0) + s²·f(n),   f(1) = 1, f(n) = min(1/2, π/(2n)) for n >= 2
 
 r_step: the RMS of log(predicted / measured) mean step time over the training runs the
 calibration *fitted* (set A's DDP/FSDP runs: in-sample, so no held-out run is used and none
 could be); it holds the model's error at the step level, where the noise of single timings
-has averaged out, plus those runs' own run-to-run noise. s: the run-to-run CV of the
-calibration's repeated configuration (its repeats interleaved with the other runs,
-measure/protocol.py). s is counted twice (once inside r_step), which errs on the wide side
-and stands in for the extrapolation error an in-sample residual cannot see. The interval
-is for one run; a median over repeats is less noisy, so covering medians errs wide too.
+has averaged out, plus those runs' own run-to-run noise: each fitted run is one run, so
+r_step² ≈ model² + s², and the model's own part is r_step² − s². s: the run-to-run CV of the
+calibration's repeated configurations (their repeats interleaved with the other runs,
+measure/protocol.py). f(n): the variance of a median of n runs relative to one run's, for
+normal noise (`median_variance_factor`; π/(2n) is the large-n limit, wide at small n).
+Until report 38 the rule was σ² = r_step² + s² for any n: s counted twice (once inside
+r_step) and a median of five taken as one run. Both erred wide, and reports 33-38 covered
+14 of 14 held-out rows each, six in a row, which a 90 % interval does with probability
+0.23 each. The in-sample residual still cannot see extrapolation to other configurations;
+the held-out reports are what test that.
 
 A timed-wait run (perfmodel/compare: its workers sleep the model's own unit times instead of
 computing) has no compute error by construction, so r_step, which holds the compute model's
 error too, is the wrong width for it. A profile that says `step_comm_rms_rel` gives it
 
-    σ² = r_comm² + s²
+    σ² = r_comm² + s²·f(n)
 
 r_comm: the same fitted runs' RMS of log((measured compute + predicted communication) /
 measured step): their step error had the model known their compute exactly, which is what a
 timed wait is. (Reports 33-36 put r_step at 9-14 % where set A's DDP cnn-small runs, whose
 compute the model under-predicts by 12-18 %, decided most of it; the timed-wait rows of
-those reports erred by 2-3 % median.) Like r_step it is in-sample, at 2 ranks, where the
-timed-wait configurations crowd 4-8 ranks on the cores: a lower bound on their error.
+those reports erred by 2-3 % median.) Its runs' noise partly cancels (their measured compute
+is on both sides), so none of s is taken out of it, which errs wide. Like r_step it is
+in-sample, at 2 ranks, where the timed-wait configurations crowd 4-8 ranks on the cores: a
+lower bound on their error.
 """
 
 from __future__ import annotations
@@ -127,33 +135,57 @@ def prediction_interval(point_s: float, *, network_rms_rel: float, compute_rms_r
                               sigma_rel=sigma)
 
 
+def median_variance_factor(repeats: int) -> float:
+    """Var(median of `repeats` runs) / Var(one run) under normal run-to-run noise: 1 for one
+    run, 1/2 for two (the median of two is their mean) and three (exact 0.449), π/(2n) from
+    four on: the large-n limit, which the exact factor approaches from below, so it errs
+    wide at small n (0.314 against the exact 0.287 at n = 5)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise PerfmodelError(f"repeats must be a whole number >= 1, got {repeats!r}")
+    return 1.0 if repeats == 1 else min(0.5, math.pi / (2 * repeats))
+
+
 def step_interval(point_s: float, *, step_rms_rel: float, run_spread_cv: float,
-                  coverage: float = DEFAULT_COVERAGE) -> PredictionInterval:
-    """The step-level interval, σ = √(r_step² + s²) (module docstring)."""
-    return prediction_interval(point_s, network_rms_rel=0.0, compute_rms_rel=step_rms_rel,
-                               run_spread_cv=run_spread_cv, coverage=coverage,
-                               compute_share=1.0, network_share=0.0)
+                  coverage: float = DEFAULT_COVERAGE, repeats: int = 1,
+                  spread_inside: bool = True) -> PredictionInterval:
+    """The step-level interval around a prediction of the median of `repeats` runs:
+    σ² = r_model² + s²·f(n) with f = `median_variance_factor` (module docstring). With
+    `spread_inside` the residual r holds one run's spread already, so r_model² = r² − s²
+    (at least 0); else r_model = r."""
+    if not step_rms_rel >= 0 or not run_spread_cv >= 0:
+        raise PerfmodelError(f"step_rms_rel and run_spread_cv must be numbers >= 0, got "
+                             f"{step_rms_rel} and {run_spread_cv}")
+    model = math.sqrt(max(step_rms_rel**2 - run_spread_cv**2, 0.0)) if spread_inside \
+        else step_rms_rel
+    return prediction_interval(point_s, network_rms_rel=0.0, compute_rms_rel=model,
+                               run_spread_cv=run_spread_cv
+                               * math.sqrt(median_variance_factor(repeats)),
+                               coverage=coverage, compute_share=1.0, network_share=0.0)
 
 
 def interval_for(point_s: float, errors: CalibrationErrors, *, compute_share: float,
-                 coverage: float = DEFAULT_COVERAGE,
-                 compute_exact: bool = False) -> tuple[PredictionInterval, str]:
-    """(the interval a profile's errors give, where it comes from, in words): step-level
-    when the profile has `step_rms_rel`, else the per-component point residuals;
-    `compute_exact` (a timed wait) takes the communication-only residual where the profile
-    has it."""
+                 coverage: float = DEFAULT_COVERAGE, compute_exact: bool = False,
+                 repeats: int = 1) -> tuple[PredictionInterval, str]:
+    """(the interval a profile's errors give for the median of `repeats` runs, where it
+    comes from, in words): step-level when the profile has `step_rms_rel`, else the
+    per-component point residuals (for one run); `compute_exact` (a timed wait) takes the
+    communication-only residual where the profile has it."""
+    runs = "one run" if repeats == 1 else f"the median of {repeats} runs"
     if compute_exact and errors.step_comm_rms_rel is not None:
         iv = step_interval(point_s, step_rms_rel=errors.step_comm_rms_rel,
-                           run_spread_cv=errors.run_spread_cv, coverage=coverage)
+                           run_spread_cv=errors.run_spread_cv, coverage=coverage,
+                           repeats=repeats, spread_inside=False)
         return iv, (f"the fitted runs' step-time residual with their measured compute, "
                     f"{errors.step_comm_rms_rel:.1%} RMS (a timed wait's compute is the "
                     f"model's own), and the run-to-run spread {errors.run_spread_cv:.1%} "
-                    f"(CV); log-normal")
+                    f"(CV) of {runs}; log-normal")
     if errors.step_rms_rel is not None:
         iv = step_interval(point_s, step_rms_rel=errors.step_rms_rel,
-                           run_spread_cv=errors.run_spread_cv, coverage=coverage)
-        return iv, (f"the fitted runs' step-time residual {errors.step_rms_rel:.1%} RMS and "
-                    f"the run-to-run spread {errors.run_spread_cv:.1%} (CV); log-normal")
+                           run_spread_cv=errors.run_spread_cv, coverage=coverage,
+                           repeats=repeats)
+        return iv, (f"the fitted runs' step-time residual {errors.step_rms_rel:.1%} RMS "
+                    f"less one run's spread, and the run-to-run spread "
+                    f"{errors.run_spread_cv:.1%} (CV) of {runs}; log-normal")
     share = min(max(compute_share, 0.0), 1.0)
     iv = prediction_interval(point_s, network_rms_rel=errors.network_rms_rel,
                              compute_rms_rel=errors.compute_rms_rel,
@@ -162,8 +194,8 @@ def interval_for(point_s: float, errors: CalibrationErrors, *, compute_share: fl
     return iv, (f"per-point calibration residuals (compute {errors.compute_rms_rel:.0%} and "
                 f"network {errors.network_rms_rel:.0%} RMS, weighted by this step's "
                 f"{share:.0%} compute share) and run-to-run spread "
-                f"{errors.run_spread_cv:.0%}; log-normal; an older calibration without "
-                f"the step-level residual (wide: see perfmodel/uncertainty.py)")
+                f"{errors.run_spread_cv:.0%} of one run; log-normal; an older calibration "
+                f"without the step-level residual (wide: see perfmodel/uncertainty.py)")
 
 
 def calibration_errors(profile_data: dict[str, Any]) -> CalibrationErrors | None:

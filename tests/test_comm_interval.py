@@ -27,12 +27,15 @@ def test_a_timed_wait_takes_the_communication_residual_and_a_real_run_the_whole_
     assert wait.sigma_rel == pytest.approx(math.hypot(0.05, 0.04))
     assert "measured compute" in how
     real, how = interval_for(1.0, ERRORS, compute_share=0.6)
-    assert real.sigma_rel == pytest.approx(math.hypot(0.14, 0.04))
+    assert real.sigma_rel == pytest.approx(0.14)       # holds one run's spread already
     assert "measured compute" not in how
     # a profile without it (written before 2026-12-05): the whole residual for both
     old = dataclasses.replace(ERRORS, step_comm_rms_rel=None)
     assert interval_for(1.0, old, compute_share=0.6, compute_exact=True)[0].sigma_rel == \
         pytest.approx(real.sigma_rel)
+    # the median of five: the communication residual whole, the spread shrunk by π/10
+    five, how = interval_for(1.0, ERRORS, compute_share=0.6, compute_exact=True, repeats=5)
+    assert five.sigma_rel == pytest.approx(math.sqrt(0.05**2 + 0.04**2 * math.pi / 10))
 
 
 def test_calibration_errors_read_it_and_refuse_a_bad_one():
@@ -56,5 +59,6 @@ def test_compare_picks_the_width_by_whether_the_prediction_is_a_timed_wait():
     assert waiting.timed_wait and not local.timed_wait
     assert compare_interval(prediction(waiting), ERRORS).sigma_rel == \
         pytest.approx(math.hypot(0.05, 0.04))
-    assert compare_interval(prediction(local), ERRORS).sigma_rel == \
-        pytest.approx(math.hypot(0.14, 0.04))
+    assert compare_interval(prediction(local), ERRORS).sigma_rel == pytest.approx(0.14)
+    assert compare_interval(prediction(local), ERRORS, repeats=5).sigma_rel == \
+        pytest.approx(math.sqrt(0.14**2 - 0.04**2 * (1 - math.pi / 10)))

@@ -99,7 +99,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     out.mkdir(parents=True, exist_ok=True)
     profile = write_profile(data, out / "profile.toml")
     errors = calibration_errors(data)
-    predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed)
+    predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
+                                  repeats=repeats)
     (out / "predictions.json").write_text(json.dumps(
         {"command": command_line, "cluster": cluster, "seed": seed, "steps": steps,
          "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "predictions": predictions},

@@ -48,12 +48,14 @@ TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 
 
 def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None,
-                     more: Sequence[Prediction] = ()) -> dict[str, Any]:
+                     more: Sequence[Prediction] = (), *, repeats: int = 1) -> dict[str, Any]:
     """Everything the report needs from one prediction, as plain JSON-able values; with
     `more` (the same configuration at other seeds), the throughput, step time, its interval
-    and the staleness are the medians over all of them (`over_seeds`)."""
+    and the staleness are the medians over all of them (`over_seeds`). The interval is for
+    the median of `repeats` runs, as the measured side takes."""
     if more:
-        return over_seeds(predicted_record(h, p, errors), [p, *more], h, errors)
+        return over_seeds(predicted_record(h, p, errors, repeats=repeats), [p, *more], h,
+                          errors, repeats=repeats)
     s = p.summary
     worker = p.memory["worker"]
     other = worker.comm_buffers_bytes + worker.framework_bytes + worker.overhead_bytes
@@ -70,7 +72,7 @@ def predicted_record(h: HeldOut, p: Prediction, errors: CalibrationErrors | None
         "step_time_s": step_s,
         "breakdown": {"compute_s": s.compute_s, "comm_exposed_s": s.comm_exposed_s,
                       "wait_s": s.wait_s},
-        "step_time_interval_s": _interval(step_interval(p, errors, step_s)),
+        "step_time_interval_s": _interval(step_interval(p, errors, step_s, repeats=repeats)),
         "peak_memory_bytes": worker.peak_bytes,
         "memory_parts": {k: float(parts[k]) for k in MEMORY_PARTS},
         "staleness_values": [float(v) for v in tau],
@@ -100,7 +102,7 @@ def _interval(iv) -> dict[str, float] | None:
 
 
 def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
-               errors: CalibrationErrors | None) -> dict[str, Any]:
+               errors: CalibrationErrors | None, *, repeats: int = 1) -> dict[str, Any]:
     """`record` (the first seed's) with the medians over `runs` (one PS configuration at
     several seeds) in place of its point predictions, as the measured side takes the median
     over repeats: throughput, step time (and the interval around it), the pooled mean
@@ -116,7 +118,8 @@ def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
     out = dict(record)
     out["throughput_samples_per_s"] = float(np.median(thr))
     out["step_time_s"] = float(np.median(step))
-    out["step_time_interval_s"] = _interval(step_interval(runs[0], errors, out["step_time_s"]))
+    out["step_time_interval_s"] = _interval(step_interval(runs[0], errors, out["step_time_s"],
+                                                          repeats=repeats))
     out["staleness_values"] = [float(v) for x in points for v in x[2]]
     out["staleness_mean"] = float(np.median(means)) if means else None
     out["staleness_worker_means"] = {str(w): float(np.median(v)) for w, v in by_worker.items()}
@@ -143,17 +146,18 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
 
 
 def step_interval(p: Prediction, errors: CalibrationErrors | None,
-                  point_s: float | None = None):
+                  point_s: float | None = None, *, repeats: int = 1):
     """The step time's prediction interval from the calibration's errors (None without):
     step-level when the profile has the fitted runs' step residual (perfmodel/uncertainty.py),
     the communication-only one for a timed wait, whose compute is the model's own; around
-    `point_s` where given (a median over seeds), else `p`'s own step."""
+    `point_s` where given (a median over seeds), else `p`'s own step; for the median of
+    `repeats` runs (perfmodel/uncertainty.py)."""
     if errors is None:
         return None
     s = p.summary
     return interval_for(s.step_time_s.mean if point_s is None else point_s, errors,
                         compute_share=s.compute_s / s.step_time_s.mean,
-                        compute_exact=p.scenario.cluster.timed_wait)[0]
+                        compute_exact=p.scenario.cluster.timed_wait, repeats=repeats)[0]
 
 
 def timeline(p: Prediction) -> dict[str, Any]:
@@ -181,13 +185,15 @@ def timeline(p: Prediction) -> dict[str, Any]:
 
 def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,
                 errors: CalibrationErrors | None, *, steps: int, seed: int,
-                cpu: bool = True) -> list[dict[str, Any]]:
+                cpu: bool = True, repeats: int = 1) -> list[dict[str, Any]]:
+    """Every held-out configuration's predicted record; intervals for the median of
+    `repeats` runs."""
     out = []
     for h in held_out:
         seeds = range(seed, seed + (MODEL_SEEDS if h.kind == "ps" else 1))
         p, *more = [predict(h.strategy, scenario_for(h, profile, steps=steps, seed=s),
                             **model_options(h, cpu=cpu)) for s in seeds]
-        out.append(predicted_record(h, p, errors, more))
+        out.append(predicted_record(h, p, errors, more, repeats=repeats))
     return out
 
 

@@ -24,6 +24,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.memory import ddp_memory, fsdp_memory
 from perfmodel.predict import predict
 from perfmodel.sim.scenario import Scenario
+from perfmodel.uncertainty import median_variance_factor
 from perfmodel.workload import load_workload
 
 TORCH_WORKLOAD = "gpt2-xl"
@@ -219,13 +220,18 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
         interval = ("no prediction intervals: the calibration lacks network, compute or "
                     "run-spread errors")
     elif step is not None:
-        interval = ("90 % prediction intervals (perfmodel/uncertainty.py), log-normal with "
-                    f"σ² = r_step² + s²: the step-time residual of the runs set A fitted "
-                    f"(r_step {step:.1%} RMS, in-sample: no held-out run is used) and set A's "
-                    f"run-to-run spread (s {errors[2]:.1%} CV)"
-                    + (f"; timed-wait rows, whose compute is the model's own, take r_comm "
-                       f"{table['step_comm_rms_rel']:.1%} in place of r_step (the same runs' "
-                       f"residual with their measured compute)"
+        f_n = median_variance_factor(repeats)
+        interval = ("90 % prediction intervals for the median of the "
+                    f"{repeats} repeats (perfmodel/uncertainty.py), log-normal with "
+                    f"σ² = max(r_step² − s², 0) + s²·f({repeats}): the step-time residual of "
+                    f"the runs set A fitted (r_step {step:.1%} RMS, in-sample: no held-out run "
+                    f"is used), less one run's spread, which it holds, and set A's run-to-run "
+                    f"spread (s {errors[2]:.1%} CV) shrunk for a median of {repeats} "
+                    f"(f = {f_n:.3g})"
+                    + (f"; timed-wait rows, whose compute is the model's own, take "
+                       f"σ² = r_comm² + s²·f({repeats}), r_comm "
+                       f"{table['step_comm_rms_rel']:.1%} (the same runs' residual with "
+                       f"their measured compute)"
                        if table.get("step_comm_rms_rel") is not None else "")
                     + "; coverage counts a measured median inside its configuration's "
                       "interval")
