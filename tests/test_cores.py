@@ -184,18 +184,24 @@ def test_a_straggler_on_a_cpu_host_holds_a_core_only_while_it_computes():
     # an equal partner is busy nearly all the time, so the fast worker's compute stretches
     # by about 2; a partner of speed 0.25 computes a quarter of its span, so the fast
     # worker's stretch beyond 1 is about a quarter of that (processor sharing), well under
-    # half; the slow worker's own compute (its busy part) is stretched the same way
+    # half. The slow worker's own busy part runs while the fast worker computes nearly all
+    # the time, so it is stretched as much as two equal workers are: each speed class has
+    # its own stretch (a stretch pooled over both, as until session 25, would sit between)
     host = cpu_host(1, comm_cpu_cores_per_node=0)
     nominal = ps_worker_seconds(host, WORKLOAD, 32)
-    extra = {}
+    extra, extra_slow = {}, {}
     for slow in (1.0, 0.25):
         sc = Scenario(cluster=host, workload=WORKLOAD, workers=2, batch_size=32,
                       jitter="none", speed=(1.0, slow))
         res = AsyncPS().simulate(sc)
         fast = np.mean([s.compute_s for s in res.steps if s.step >= 2 and s.worker == 0])
+        other = np.mean([s.compute_s for s in res.steps if s.step >= 2 and s.worker == 1])
         extra[slow] = fast / nominal - 1.0
+        extra_slow[slow] = other * slow / nominal - 1.0
     assert extra[1.0] > 0.8
+    assert extra_slow[1.0] == pytest.approx(extra[1.0], rel=1e-9)     # alike: one stretch
     assert 0.0 < extra[0.25] < 0.5 * extra[1.0]
+    assert extra_slow[0.25] > 0.8 > 2 * extra[0.25]
 
 
 def test_cpu_copies_of_ps_transfers_count_as_busy_processes():

@@ -64,7 +64,12 @@ Assumptions to know:
   found as a fixed point: simulate, measure how busy each side was while the other
   computed, stretch the compute and the applies, simulate again (`_sharing_stretch`). On a
   CPU host a slow worker (speed s < 1) holds a core for the first s of its compute only: the
-  rest is the sleep measure/timing.py's Straggler adds (`_busy_part`).
+  rest is the sleep measure/timing.py's Straggler adds (`_busy_part`). Each speed class of
+  workers gets its own compute stretch, from the time its own spans overlap the others':
+  a fast worker beside a straggler that sleeps half its span shares a core less often than
+  the straggler does beside it (until session 25 one stretch, pooled over the node's
+  workers, for all of them: the 2-worker real async straggler's fast worker stretched x1.24
+  where it took its unshared time within 7 %, docs/model.md).
 - Delay compensation (DC-ASGD, Zheng et al. 2017) makes the server also compute
   g + λ g⊙g⊙(w_now − w_old) and keep each worker's w_old: unfused elementwise passes (g⊙g,
   w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x
@@ -756,17 +761,25 @@ def _sharing_stretch(run: _PSRun, first: bool = False
                     workers[w] = on_cores_share(cluster.ranks_busy(len(ws)))
             continue
         if cluster.compute_occupies_cores:
-            compute = [_busy_part(span, run.speeds[w] if on_cores else 1.0)
-                       for w in ws for span in run.compute_spans[w]]
+            by_worker = {w: [_busy_part(span, run.speeds[w] if on_cores else 1.0)
+                             for span in run.compute_spans[w]] for w in ws}
         else:   # a timed wait: only the worker's own CPU work holds a core, at the start
-            compute = [(a, min(b, a + run.paid_s)) for w in ws for a, b in run.compute_spans[w]]
-            compute = [span for span in compute if span[1] > span[0]]
+            by_worker = {w: [(a, min(b, a + run.paid_s)) for a, b in run.compute_spans[w]
+                             if min(b, a + run.paid_s) > a] for w in ws}
+        compute = [span for w in ws for span in by_worker[w]]
         share = on_cores_share if on_cores else cores.device_share
         copies = [run.copy_spans[node]] if copying else []
         applies = [run.servers[i].spans for i in ss]
-        stretch_w = cores.fluid_stretch(compute, [*applies, *copies], share)
-        for w in ws:
-            workers[w] = stretch_w
+        # A worker feels the others while it computes, so workers that differ (a straggler
+        # holds a core for part of its span) get their own stretch; workers of one speed are
+        # alike and share theirs, measured over all of them (module docstring).
+        for speed in sorted({float(run.speeds[w]) for w in ws}):
+            alike = [w for w in ws if float(run.speeds[w]) == speed]
+            own = [span for w in alike for span in by_worker[w]]
+            others = [by_worker[v] for v in ws if v not in alike]
+            stretch_w = cores.fluid_stretch(own, [*others, *applies, *copies], share)
+            for w in alike:
+                workers[w] = stretch_w
         for i in ss:     # the server computes beside the workers it overlaps, and the others
             others = [run.servers[j].spans for j in ss if j != i]
             servers[i] = cores.fluid_stretch(run.servers[i].spans, [compute, *others, *copies],
