@@ -123,7 +123,7 @@ def relative_lstsq(design: np.ndarray, times: np.ndarray, known: np.ndarray | No
     a = design / times[:, None]
     b = (times - known) / times
     free = np.ones(design.shape[1], dtype=bool)
-    for _ in range(design.shape[1]):
+    for _ in range(design.shape[1] + 1):      # + 1: the refit after the last one is fixed
         coef, stderr = _solve(a, b, free)
         small = [j for j in zero_ok if free[j] and coef[j] < 0 <= coef[j] + ZERO_SIGMAS * stderr[j]]
         if not small:
