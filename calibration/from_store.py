@@ -15,8 +15,6 @@ What each kind of run (measure/store.py) feeds:
   (perfmodel/sim/ddp.py stretches backward, fsdp.py forward and backward while communication
   is in flight): measured step compute_s ≈ (the rest + optimizer) + s x (overlapped passes
   x the share of their time with collectives in flight), least squares in relative error;
-  on a CPU host whose DDP runs cover two workloads, beside it compute.ddp_rank_extra_ms, a
-  DDP rank's own per-step work (`_overlap`; s below 1 is held at 1);
   compute.jitter_cv from each rank's step compute_s (divided by its own mean, so rank and
   run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
@@ -232,7 +230,7 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     fits = _fsdp_collectives(by_kind["fsdp"], stage1, fits, notes)
     stage1 = _as_cluster(base_cluster, fits)
     parallel = [r for k in ("ddp", "fsdp") for r in by_kind[k] if (r.row.workers or 1) > 1]
-    overlap = jitter = rank_extra = None
+    overlap = jitter = None
     if parallel and compute is None:
         notes.append("compute.overlap_slowdown not fitted: it needs the compute profile "
                      f"(`{COMMANDS['compute']}`)")
@@ -240,11 +238,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
         # FSDP2 on gloo issues blocking collectives: it overlaps nothing (perfmodel/sim/fsdp.py)
         overlaps = [r for r in parallel if r.row.kind == "ddp" or not FSDP.blocking(stage1)]
         if overlaps:
-            overlap, rank_extra = _overlap(overlaps, stage1)
+            overlap = _overlap(overlaps, stage1)
         else:
             notes.append("compute.overlap_slowdown not fitted: FSDP on gloo blocks on its "
                          f"collectives, so it overlaps nothing (`{COMMANDS['overlap']}`)")
-        fits = dataclasses.replace(fits, ddp_rank_extra=rank_extra)
         stage1 = _as_cluster(base_cluster, dataclasses.replace(fits, overlap_slowdown=overlap))
     if parallel:
         jitter = _jitter(parallel)
@@ -642,18 +639,10 @@ def failed_checks(checks: dict[str, dict]) -> list[str]:
     return out
 
 
-def _overlap(runs, cluster: ClusterProfile) -> tuple[FitResult, FitResult | None]:
-    """(compute.overlap_slowdown s, compute.ddp_rank_extra_ms e or None): compute_s ≈ rest +
-    s x overlapped passes x the share of them with collectives in flight (module docstring),
-    with the run's strategy defaults, + e x the core share on a CPU host's DDP ranks.
-
-    e, a DDP rank's own work a step beyond its passes and copies (DDP.forward's own time,
-    the hooks, gloo's work at the call: docs/model.md), is fitted beside s only where the
-    DDP runs cover two or more workloads: the in-flight passes differ between them (the
-    mlp's ~3x cnn-small's), which tells a per-step cost from a slowdown of the overlapped
-    passes; with one workload the two are one column."""
-    measured, known, stretched, extra = [], [], [], []
-    ddp_cpu = bool(cluster.compute_cpu_cores_per_node) and cluster.compute_occupies_cores
+def _overlap(runs, cluster: ClusterProfile) -> FitResult:
+    """compute.overlap_slowdown s: compute_s ≈ rest + s x overlapped passes x the share of
+    them with collectives in flight (module docstring), with the run's strategy defaults."""
+    measured, known, stretched = [], [], []
     for r in runs:
         n = int(r.row.workers)
         w = load_workload(r.row.workload)
@@ -674,28 +663,15 @@ def _overlap(runs, cluster: ClusterProfile) -> tuple[FitResult, FitResult | None
             in_flight = strategy.in_flight(scenario)
             over = in_flight * sum(passes[p] for p in OVERLAPPED[r.row.kind])
             host = strategy.host_compute_s(scenario)     # the framework's copies
-        share = (cluster.compute_share(min(n, cluster.devices_per_node), w.name)
-                 if ddp_cpu and n > 1 and r.row.kind == "ddp" else 0.0)
         for s in r.table("steps"):
             measured.append(float(s["compute_s"]))
             stretched.append(over)
             known.append(t.step_s - over + host)
-            extra.append(share)
     m = np.array(measured)
     if m.size < 2 or not np.all(np.isfinite(m) & (m > 0)):
         raise PerfmodelError(f"compute.overlap_slowdown: need >= 2 DDP or FSDP steps with a "
                              f"positive compute_s, found {m.size} (`{COMMANDS['overlap']}`)")
-    workloads = {r.row.workload for r in runs if r.row.kind == "ddp" and int(r.row.workers) > 1}
-    joint = ddp_cpu and len(workloads) >= 2 and any(extra)
-    design = np.column_stack([stretched, extra] if joint else [stretched])
-    fit = relative_lstsq(design, m, np.array(known), zero_ok=(1,) if joint else ())
-    if joint and fit.coef[0] < 1.0:
-        # a slowdown below 1 would be compute running faster while collectives are in
-        # flight: held at 1 (none), and the per-step cost fitted alone
-        alone = relative_lstsq(np.array(extra)[:, None], m,
-                               np.array(known) + np.array(stretched), zero_ok=(0,))
-        fit = dataclasses.replace(alone, coef=np.array([1.0, alone.coef[0]]),
-                                  stderr=np.array([0.0, alone.stderr[0]]))
+    fit = relative_lstsq(np.array(stretched)[:, None], m, np.array(known))
     s = float(fit.coef[0])
     if not s > 0:
         raise PerfmodelError(
@@ -704,9 +680,7 @@ def _overlap(runs, cluster: ClusterProfile) -> tuple[FitResult, FitResult | None
             f"compute profile's passes that do not overlap communication "
             f"({np.median(known) * 1e3:.3g} ms); recalibrate compute "
             f"(`{COMMANDS['compute']}`)")
-    rank_extra = (fit_result("compute.ddp_rank_extra_ms", float(fit.coef[1]) * 1e3,
-                             float(fit.stderr[1]) * 1e3, fit.rel) if joint else None)
-    return fit_result("compute.overlap_slowdown", s, fit.stderr[0], fit.rel), rank_extra
+    return fit_result("compute.overlap_slowdown", s, fit.stderr[0], fit.rel)
 
 
 def _jitter(runs) -> FitResult | None:

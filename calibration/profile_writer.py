@@ -48,7 +48,6 @@ MEASURABLE_FIELDS = (
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
     "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
-    "compute.ddp_rank_extra_ms",
 )
 
 
@@ -88,7 +87,6 @@ class MeasuredFits:
     # CPU hosts: a PS worker's compute beyond the model's, per workload (parameter
     # "compute.ps_worker_extra_ms.<workload>", value in ms)
     ps_worker_extra: tuple[FitResult, ...] = ()
-    ddp_rank_extra: FitResult | None = None     # compute.ddp_rank_extra_ms (CPU hosts)
     copy_GBps: FitResult | None = None         # CPU hosts: FSDP2's and DDP's copies
 
 
@@ -164,8 +162,6 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         if fits.ps_worker_extra:
             compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
                                              for r in fits.ps_worker_extra}
-        if fits.ddp_rank_extra is not None:
-            compute["ddp_rank_extra_ms"] = fits.ddp_rank_extra.value
     calibration: dict[str, Any] = {
         "base": base.name,
         "measured": measured,
@@ -256,8 +252,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
-              fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread,
-              fits.ddp_rank_extra):
+              fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

@@ -156,12 +156,6 @@ class Compute:
     # computed 4.9-6.2 ms a step longer than that model for the mlp on 2026-12-05 and within
     # 0.3 ms for cnn-small - not a byte rate (calibration/from_store.py `_ps_worker_extra`).
     ps_worker_extra_ms: tuple[tuple[str, float], ...] = ()
-    # A CPU host's DDP rank's own work a step beyond its passes and the reducer's copies, in
-    # ms, unshared (profile compute.ddp_rank_extra_ms; perfmodel/sim/ddp.py): DDP.forward's
-    # own time, the autograd hooks, gloo's work at each all-reduce call on the rank's thread;
-    # fitted beside the overlap slowdown from set A's DDP runs of two workloads
-    # (calibration/from_store.py `_overlap`); 0 where not measured (GPUs, older profiles).
-    ddp_rank_extra_ms: float = 0.0
     # The matmul curve and kernel cost fitted per precision where a GPU check measured that
     # precision (profile [compute.by_precision.<precision>]); the fields above hold for
     # every other precision.
@@ -528,7 +522,6 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
             timed_wait_spread_ms=comp.number("timed_wait_spread_ms", 0.0),
             weight_stream_GBps=comp.number("weight_stream_GBps", 0.0),
-            ddp_rank_extra_ms=comp.number("ddp_rank_extra_ms", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,
                       **_server_update(srv)),

@@ -33,11 +33,6 @@ Model (torch 2.13 `torch/nn/parallel/distributed.py` and `reducer.cpp`; DESIGN.m
   gradient of a unit's one-element stand-in output is a fresh full-size tensor): one more
   write of the gradient bytes at the copy rate, counted with the copy in.
 
-On a CPU host a rank also does its own work each step beyond its passes and the reducer's
-passes (`compute.ddp_rank_extra_ms`, fitted beside the overlap slowdown: DDP.forward's own
-time, the hooks, gloo's work at the call; docs/model.md), counted before the passes and
-shared with the node's busy ranks as they are (`rank_extra_s`; none in a timed wait).
-
 One SimPy process drives all workers at once: per-worker clocks are numpy arrays (workers run
 independently between collectives; a collective starts at the latest rank's ready time), and
 a `reducer` SimPy process, the communication stream, all-reduces the buckets in order on the
@@ -286,19 +281,6 @@ class DDP:
         buckets, _, _ = self._wire(scenario, alone.backward_s)
         return self.host_passes(scenario, buckets).in_compute_s()
 
-    @staticmethod
-    def rank_extra_s(scenario: Scenario) -> float:
-        """A CPU host's DDP rank's own work a step beyond its passes and the reducer's copies
-        (`compute.ddp_rank_extra_ms`, unshared), shared with the node's other busy ranks as
-        the passes are; none with one worker (no DDP), on a GPU or in a timed wait (the
-        harness pays a worker's CPU work back from its sleeps)."""
-        cluster = scenario.cluster
-        if scenario.workers < 2 or not cluster.compute_cpu_cores_per_node \
-                or not cluster.compute_occupies_cores:
-            return 0.0
-        return cluster.compute.ddp_rank_extra_ms * 1e-3 * cluster.compute_share(
-            DDP.busy(scenario), scenario.workload.name)
-
     def in_flight(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
         """Share of backward during which all-reduces are in flight (compute/in_flight_fraction);
         `alone`: the unit times without the overlap slowdown, if already computed."""
@@ -327,8 +309,6 @@ class DDP:
         # The reducer's passes: copies as gradients arrive and the hook's divides delay the
         # rest of backward; the last bucket's divide and the copy back follow it.
         host = self.host_passes(scenario, buckets)
-        # the rank's own work before its passes (DDP.forward's), delaying every bucket
-        extra_s = self.rank_extra_s(scenario)
         host_in_s = host.in_compute_s()
         nbytes = np.array([b.nbytes for b in buckets])
         copied_s = host.copy_in_s.sum() * np.cumsum(nbytes) / max(nbytes.sum(), 1.0)
@@ -371,12 +351,11 @@ class DDP:
                 # The overlap slowdown and the reducer's passes are the rank's own work, added
                 # to (not scaled with) a slow or jittery worker's passes, as in fsdp.py.
                 passes = plain_s * slow + overlap_extra_s             # forward + backward
-                begin = start + extra_s
-                backward_end = begin + passes + host_in_s
+                backward_end = start + passes + host_in_s
                 comm_end, alone_comm_end = -np.inf, np.full(n, -np.inf)
                 if communicate:
                     # bucket b is ready the same share of the way through each worker's passes
-                    ready = begin + np.outer(ready_s, passes / (forward_s + backward_s)) \
+                    ready = start + np.outer(ready_s, passes / (forward_s + backward_s)) \
                         + host_ready_s
                     comm_end = yield env.process(reducer(ready.max(axis=1)))
                     # counterfactual: the same chain if every rank had this worker's times
@@ -386,7 +365,7 @@ class DDP:
                 clock = np.maximum(np.maximum(backward_end, comm_end) + after, start + floor_s)
                 alone_end = np.maximum(np.maximum(backward_end, alone_comm_end) + after,
                                        start + floor_s)
-                compute = extra_s + passes + host_in_s + times.optimizer_s * slow
+                compute = passes + host_in_s + times.optimizer_s * slow
                 s, u = sync_step_records(step, start, clock, compute, alone_end)
                 steps.extend(s)
                 updates.extend(u)
