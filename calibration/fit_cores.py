@@ -17,6 +17,10 @@ times the same steps at once and records wall and CPU seconds per step):
   work) lengthens wall time but hardly CPU time, which is why CPU time is used.
 - the sharing factor max(1, b/c) is theory, not fitted; `sharing_checks` compares the whole
   s(b) with the measured wall-time ratios, with the host's load recorded beside them.
+- how noisy the time lost to sharing is (`fit_sharing_delay_cv`): s(b) is a mean. With more
+  busy processes than cores a step either keeps a core or waits out another's time slice,
+  so its extra time t·(s(b) − 1) varies from step to step about as much as it is long.
+  compute.sharing_delay_cv is that delay's SD over its mean.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibration.fit import FitResult, check_measurements, fit_result
+from perfmodel.cluster import MAX_SHARING_DELAY_CV
 from perfmodel.errors import PerfmodelError
 
+# the most spread delay calibration fits: CV = MAX_SHARING_DELAY_CV
+MIN_ALPHA = (1 / MAX_SHARING_DELAY_CV**2 - 1) / 2
 IQR_PER_SD = 1.3489795003921634   # a normal's interquartile range, in SDs
 SHARING_CHECK_TOL = 0.15    # |model/measured − 1| of a wall-time ratio above which the
                             # check is flagged: 2x the ~5 % within-run spread of one-thread
@@ -43,6 +50,8 @@ class ConcurrentTiming:
     step_s: float
     cpu_s: float
     load1: float = float("nan")     # the host's 1-minute load average when it started
+    step_iqr_s: float = float("nan")    # interquartile range of its wall seconds per step
+    workload: str = ""
 
 
 def _medians(timings: Sequence[ConcurrentTiming]) -> dict[int, tuple[float, float, float]]:
@@ -131,6 +140,73 @@ def fit_timed_wait_spread(series: Sequence[Sequence[float]]) -> FitResult:
     stderr = 1.2533 * float(np.std(own, ddof=1)) / np.sqrt(own.size)
     return fit_result("compute.timed_wait_spread_ms", spread_ms, stderr,
                       spread_ms / np.maximum(own, 1e-6) - 1)
+
+
+def fit_sharing_delay_cv(timings: Sequence[ConcurrentTiming], cores: int,
+                         contention: float) -> FitResult:
+    """compute.sharing_delay_cv: the coefficient of variation of the time a step loses to
+    core sharing, as twice a symmetric beta variable (perfmodel/sim/ps.py draws it so).
+
+    For each rank of a run with more busy processes b than cores c: the robust SD of its
+    steps (IQR / 1.349: one run's step records keep only the median and the IQR) over the
+    mean delay the model gives it, t1·(s(b) − 1), with t1 its workload's median step alone
+    and s(b) `ClusterProfile.compute_share` with the fitted contention. The median of those
+    ratios over ranks and runs is matched by a delay of mean 1 with that IQR / 1.349
+    (`delay_cv_for_robust_sd`), whose CV is the result. On this host (sets A of reports
+    31-40, 18 ranks each) the ratio was 0.73-1.27 by report, median ~0.9, alike for
+    cnn-small, the mlp and transformer-small: a CV of ~0.65, a step's wait spread from none
+    to twice its mean. Residuals: each rank's own ratio against the median."""
+    if cores < 1:
+        raise PerfmodelError(f"the host's cores must be >= 1, got {cores}")
+    solo: dict[str, list[float]] = {}
+    for t in timings:
+        if t.busy == 1:
+            solo.setdefault(t.workload, []).append(t.step_s)
+    ratios = []
+    for t in timings:
+        if t.busy <= cores or t.workload not in solo or not np.isfinite(t.step_iqr_s):
+            continue
+        share = (1 + contention * (min(t.busy, cores) - 1)) * t.busy / cores
+        delay_s = float(np.median(solo[t.workload])) * (share - 1)
+        if delay_s > 0:
+            ratios.append(t.step_iqr_s / IQR_PER_SD / delay_s)
+    if len(ratios) < 2:
+        raise PerfmodelError(
+            f"compute.sharing_delay_cv: need >= 2 ranks of concurrent compute runs with more "
+            f"busy processes than the {cores} cores, each with its workload timed alone, "
+            f"found {len(ratios)} (`perfmodel calibrate` measures 1, 2 and 3)")
+    r = np.array(ratios)
+    ratio = float(np.median(r))
+    cv = delay_cv_for_robust_sd(ratio)
+    stderr_ratio = 1.2533 * float(np.std(r, ddof=1)) / np.sqrt(r.size)
+    # the CV's standard error through the mapping's local slope
+    step = max(stderr_ratio, 1e-6)
+    slope = (delay_cv_for_robust_sd(ratio + step) - delay_cv_for_robust_sd(
+        max(ratio - step, 1e-6))) / (ratio + step - max(ratio - step, 1e-6))
+    return fit_result("compute.sharing_delay_cv", cv, abs(slope) * stderr_ratio,
+                      ratio / np.maximum(r, 1e-9) - 1)
+
+
+def delay_cv_for_robust_sd(ratio: float) -> float:
+    """The CV of d = 2·Beta(α, α) (mean 1, between 0 and 2: a step waits for a core from
+    not at all to twice the mean) whose IQR / 1.349 is `ratio`, by bisection over α. The
+    family reaches every ratio seen: from near 0 (α large: every step waits its mean) past
+    0.74 (α = 1: uniform) to 1.48 (α → 0: a step waits twice the mean or not at all); a
+    gamma or lognormal delay of mean 1 cannot pass 0.91 or 0.66. CV = 1/√(2α + 1)."""
+    from scipy.special import betaincinv
+
+    def robust(alpha: float) -> float:
+        q1, q3 = betaincinv(alpha, alpha, 0.25), betaincinv(alpha, alpha, 0.75)
+        return 2 * float(q3 - q1) / IQR_PER_SD
+
+    lo, hi = np.log(MIN_ALPHA), np.log(1e4)      # robust() falls as α grows
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if robust(float(np.exp(mid))) > ratio:
+            lo = mid
+        else:
+            hi = mid
+    return float(1 / np.sqrt(2 * np.exp((lo + hi) / 2) + 1))
 
 
 def _robust_sd(x: np.ndarray) -> float:

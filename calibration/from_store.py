@@ -72,6 +72,7 @@ from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_
 from calibration.fit_cores import (
     ConcurrentTiming,
     fit_core_contention,
+    fit_sharing_delay_cv,
     fit_timed_wait_spread,
     fit_whole_step_factor,
     sharing_checks,
@@ -207,11 +208,11 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     units = [r for r in by_kind["compute"] if not _is_concurrent(r)]
     compute, optimizer, apply = _compute(units, base_cluster, notes)
     checks: dict[str, dict] = {}
-    contention = _cores(concurrent, base_cluster, notes, checks)
+    contention, sharing_delay = _cores(concurrent, base_cluster, notes, checks)
     fits = MeasuredFits(intra_node=(network or {}).get("intra_node"),
                         inter_node=(network or {}).get("inter_node"), compute=compute,
                         optimizer_GBps=optimizer, server_apply_GBps=apply,
-                        core_contention=contention,
+                        core_contention=contention, sharing_delay_cv=sharing_delay,
                         comm_cpu_bound_fraction=sharing.fraction if sharing else None,
                         comm_cpu_bound_by_bytes=sharing.by_bytes if sharing else (),
                         comm_cpu_stretch_by_level=sharing.by_level if sharing else ())
@@ -523,24 +524,36 @@ def concurrent_timings(runs) -> list[ConcurrentTiming]:
                 per_rank[s["rank"]][s["key"]] = float(s["value"])
         out += [ConcurrentTiming(busy=int(v["busy_processes"]), step_s=v["concurrent_step_s"],
                                  cpu_s=v["concurrent_cpu_s"],
-                                 load1=v.get("load1_before", float("nan")))
+                                 load1=v.get("load1_before", float("nan")),
+                                 step_iqr_s=v.get("concurrent_step_iqr_s", float("nan")),
+                                 workload=r.row.workload or "")
                 for v in per_rank.values() if "concurrent_step_s" in v]
     return out
 
 
-def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict) -> FitResult | None:
-    """compute.core_contention and the core-sharing checks, on a CPU host with the runs."""
+def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict
+           ) -> tuple[FitResult | None, FitResult | None]:
+    """(compute.core_contention, compute.sharing_delay_cv) and the core-sharing checks, on a
+    CPU host with the runs; the delay's spread None, noted, where no run crowds the cores."""
     if not runs:
-        return None
+        return None, None
     if not base.compute_cpu_cores_per_node:
         notes.append("concurrent compute runs left out: the base profile's devices compute "
                      "on their own (topology.compute_cpu_cores_per_node = 0)")
-        return None
+        return None, None
     timings = concurrent_timings(runs)
     cores = os.cpu_count() or 1
     fit = fit_core_contention(timings, cores)
     checks.update(sharing_checks(timings, cores, fit.value))
-    return fit
+    try:
+        delay = fit_sharing_delay_cv(timings, cores, fit.value)
+    except PerfmodelError as e:
+        notes.append(f"compute.sharing_delay_cv not fitted: {e}")
+        return fit, None
+    notes.append(f"a step's delay waiting for a core varies by {delay.value:.2f} of its mean "
+                 f"(SD; compute.sharing_delay_cv; {delay.points} ranks with more busy "
+                 f"processes than the {cores} cores)")
+    return fit, delay
 
 
 def _is_timed_wait(run) -> bool:

@@ -48,6 +48,7 @@ MEASURABLE_FIELDS = (
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
     "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
+    "compute.sharing_delay_cv",
 )
 
 
@@ -74,6 +75,7 @@ class MeasuredFits:
     server_apply_GBps: FitResult | None = None
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     timed_wait_spread: FitResult | None = None       # CPU hosts: a crowded timed wait's, ms
+    sharing_delay_cv: FitResult | None = None        # CPU hosts: a core wait's SD / mean
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
     comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()   # ... and u by size
     # ... or, swept at >= 2 crowding levels, the whole collective's stretch by level and size
@@ -159,6 +161,8 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
         if fits.timed_wait_spread is not None or c.timed_wait_spread_ms:
             compute["timed_wait_spread_ms"] = _value(fits.timed_wait_spread,
                                                      c.timed_wait_spread_ms)
+        if fits.sharing_delay_cv is not None or c.sharing_delay_cv:
+            compute["sharing_delay_cv"] = _value(fits.sharing_delay_cv, c.sharing_delay_cv)
         if fits.ps_worker_extra:
             compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
                                              for r in fits.ps_worker_extra}
@@ -252,7 +256,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         results += fits.memory.results
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
-              fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread):
+              fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread,
+              fits.sharing_delay_cv):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

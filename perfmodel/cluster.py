@@ -19,6 +19,7 @@ from perfmodel.uncertainty import CalibrationErrors, calibration_errors
 
 SHIPPED_PROFILES = Path(__file__).resolve().parent / "data" / "profiles"
 PRECISION_KEYS = ("fp32", "tf32", "bf16", "fp16")
+MAX_SHARING_DELAY_CV = 0.99     # compute.sharing_delay_cv: 2·Beta(α, α) has a CV below 1
 
 
 def user_profile_dir() -> Path:
@@ -179,6 +180,13 @@ class Compute:
     # with it, since their order of arrival at the serial server decides SSP's staleness.
     # 0 = not measured: a timed wait takes exactly its time.
     timed_wait_spread_ms: float = 0.0
+    # CPU hosts only: the SD of the time a step loses to core sharing over its mean
+    # (calibration/fit_cores.py `fit_sharing_delay_cv`, from the concurrent compute runs with
+    # more busy processes than cores). A PS worker's compute stretch x (perfmodel/sim/ps.py)
+    # is a mean; each step's delay t·(x − 1) is drawn with this spread (as 2·Beta(α, α), mean
+    # 1, so below 1), and a fast worker beside a straggler does not keep an exact rhythm
+    # with it. 0 = the delay is its mean.
+    sharing_delay_cv: float = 0.0
     # CPU hosts calibrated from unit timings only: the rate at which a whole step moves
     # each unit's weights through memory (forward reads them, backward reads them and
     # writes their gradients), which units timed apart, cache-warm, never pay
@@ -521,6 +529,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             by_precision=_by_precision(comp),
             copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
             timed_wait_spread_ms=comp.number("timed_wait_spread_ms", 0.0),
+            sharing_delay_cv=comp.number("sharing_delay_cv", 0.0, maximum=MAX_SHARING_DELAY_CV),
             weight_stream_GBps=comp.number("weight_stream_GBps", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,

@@ -118,6 +118,7 @@ SAME_TIME_REL = 1e-12          # times this close (relative) are one instant (ro
 DC_ASGD_EXTRA_PASSES = 3.0     # delay compensation's extra server work, in elementwise passes
 SHARING_ROUNDS = 8             # simulations at most to settle the core-sharing fixed point
 SHARING_TOLERANCE = 0.01       # ... stop when no stretch moves by more than this (relative)
+SHARING_DELAY_STREAM = 1      # the core-wait draws' own random stream (beside the seed)
 UNDAMPED_ROUNDS = 3            # later rounds are damped (the mean of the old and new stretch)
 
 
@@ -174,22 +175,50 @@ class _ComputeTimes:
     every worker) are drawn in step order, so a pair gets the same draw whatever the event
     order: common random numbers across strategies, bandwidths and options.
 
+    Under core sharing (`stretch`: x per worker, cores.py) a step takes nominal x noise x
+    (1 + (x − 1)·d): d is the delay waiting for a core over its mean, drawn per worker and
+    step from `delay` (a generator of its own, so the noise draws stay common) as 2·Beta(α, α):
+    mean 1, between no wait and twice the mean, CV `compute.sharing_delay_cv` = 1/√(2α + 1)
+    (calibration/fit_cores.py fits it so), or exactly 1 where that is 0. Without it a fast
+    worker beside a straggler kept an exact 2:1 rhythm with it on a serial server, every
+    straggler's push meeting the same phase of the fast worker's cycle (slow worker's
+    staleness 1.96 in reports 39-40 against 1.61-1.90 measured in 36-40, docs/model.md).
+
     In a timed wait (`paid_s` > 0: the worker's own CPU work a step, which the harness pays
     back from its sleeps) the stretch is that work's, and only the wait for a core is added:
-    nominal x StepNoise + paid x (stretch - 1), as DDP's copies in a timed wait."""
+    nominal x StepNoise + paid x (x − 1)·d, as DDP's copies in a timed wait."""
 
-    def __init__(self, noise: StepNoise, nominal_s: float, stretch=None, paid_s: float = 0.0):
+    def __init__(self, noise: StepNoise, nominal_s: float, stretch=None, paid_s: float = 0.0,
+                 delay: tuple[float, np.random.Generator] | None = None):
         self.noise, self.rows = noise, []
-        self.nominal_s, self.extra_s = nominal_s, 0.0
-        if stretch is not None and paid_s > 0:
-            self.extra_s = paid_s * (np.asarray(stretch) - 1.0)
-        elif stretch is not None:   # per-worker sharing stretch (cores.py) of the compute
+        self.nominal_s, self.extra_s, self.timed = nominal_s, 0.0, paid_s > 0
+        self.delay_s, self.delay_cv, self.delay_rng = None, 0.0, None
+        if stretch is None:
+            return
+        lost = np.asarray(stretch) - 1.0
+        # the mean delay a step waits for a core: seconds (timed wait), else per nominal second
+        self.delay_s = paid_s * lost if paid_s > 0 else nominal_s * lost
+        if delay is not None and delay[0] > 0:
+            self.delay_cv, self.delay_rng = delay
+        elif paid_s > 0:
+            self.extra_s = self.delay_s
+        else:
             self.nominal_s = nominal_s * np.asarray(stretch)
 
     def seconds(self, worker: int, step: int) -> float:
         while step >= len(self.rows):
-            self.rows.append((self.noise.draw() * self.nominal_s + self.extra_s).tolist())
+            self.rows.append(self._row().tolist())
         return self.rows[step][worker]
+
+    def _row(self) -> np.ndarray:
+        noise = self.noise.draw()
+        if self.delay_rng is None:
+            return noise * self.nominal_s + self.extra_s
+        alpha = (1.0 / self.delay_cv**2 - 1.0) / 2.0     # 2·Beta(α, α): mean 1, this CV
+        d = 2.0 * self.delay_rng.beta(alpha, alpha, noise.shape[0])
+        if self.timed:
+            return noise * self.nominal_s + self.delay_s * d
+        return noise * (self.nominal_s + self.delay_s * d)
 
 
 class _Server:
@@ -326,8 +355,10 @@ class _PSRun:
         self.cluster, self.stretch = cluster, stretch
         self.workload_name = wl.name
         worker_stretch, server_stretch, link_stretch = stretch or (None, None, None)
+        delay = (cluster.compute.sharing_delay_cv,
+                 np.random.default_rng((scenario.seed, SHARING_DELAY_STREAM)))
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
-                                     worker_stretch, self.paid_s)
+                                     worker_stretch, self.paid_s, delay)
         self.compute_spans: list[list[tuple[float, float]]] | None = None
         self.speeds = scenario.speeds
         # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
