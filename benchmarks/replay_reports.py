@@ -65,7 +65,9 @@ def replay(report: Path) -> list[dict]:
             "held_out = protocol.held_out_set()\n"
             "records = run.predict_all(held_out, load_cluster('local'), None,\n"
             f"                          steps={int(steps)}, seed={SEED})\n"
-            "json.dump({r['key']: r['step_time_s'] for r in records}, sys.stdout)\n")
+            "json.dump({r['key']: [r['step_time_s'], r['staleness_worker_means'],\n"
+            "                      r['speed'], r.get('staleness_intervals')]\n"
+            "           for r in records}, sys.stdout)\n")
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
                               capture_output=True, text=True,
                               env={**os.environ, "XDG_DATA_HOME": str(home)})
@@ -75,10 +77,27 @@ def replay(report: Path) -> list[dict]:
         if key not in predicted or not m["step_time_measured"]:
             continue
         step = float(m["step_time_measured"])
-        rows.append({"key": key, "mode": m["mode"], "predicted_s": predicted[key],
-                     "measured_s": step, "error": predicted[key] / step - 1,
-                     "report_error": float(m["step_time_error"])})
+        step_s, by_worker, speed, intervals = predicted[key]
+        rows.append({"key": key, "mode": m["mode"], "predicted_s": step_s,
+                     "measured_s": step, "error": step_s / step - 1,
+                     "report_error": float(m["step_time_error"]),
+                     **_staleness(m, by_worker, speed, intervals)})
     return rows
+
+
+def _staleness(m: dict, by_worker: dict, speed: list, intervals: dict | None) -> dict:
+    """The report's worst speed class: its mean staleness predicted now (and, with today's
+    code, its interval) beside the measured one; {} where the report counted none."""
+    if not m.get("staleness_headline_error") or not m.get("staleness_worst_speed") \
+            or not by_worker or not float(m["staleness_worst_speed_measured"] or 0):
+        return {}
+    s = float(m["staleness_worst_speed"])
+    cls = [v for w, v in by_worker.items() if (speed[int(w)] if int(w) < len(speed) else 1.0)
+           == s]
+    out = {"staleness_speed": s, "staleness_predicted": float(np.mean(cls)),
+           "staleness_measured": float(m["staleness_worst_speed_measured"])}
+    band = (intervals or {}).get(f"speed {s:g}")
+    return out | ({"staleness_interval": band} if band else {})
 
 
 def medians(rows: list[dict], field: str) -> str:
@@ -105,6 +124,13 @@ def main() -> None:
         for r in rows:
             print(f"  {r['key']:26s} {1e3 * r['predicted_s']:8.2f} / {1e3 * r['measured_s']:8.2f}"
                   f"  {100 * r['error']:+6.1f} %  [{100 * r['report_error']:+6.1f} %]")
+        for r in rows:
+            if "staleness_speed" in r:
+                band = r.get("staleness_interval")
+                print(f"  {r['key']:26s} staleness, speed {r['staleness_speed']:g}: "
+                      f"{r['staleness_predicted']:.2f} / {r['staleness_measured']:.2f}  "
+                      f"{100 * (r['staleness_predicted'] / r['staleness_measured'] - 1):+6.1f} %"
+                      + (f"  [90 %: {band[0]:.2f}-{band[1]:.2f}]" if band else ""))
         print(f"  medians now: {medians(rows, 'error')}")
         print(f"  the report:  {medians(rows, 'report_error')}")
     if args.json:

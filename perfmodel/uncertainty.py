@@ -222,3 +222,31 @@ def calibration_errors(profile_data: dict[str, Any]) -> CalibrationErrors | None
                                  f">= 0; fix the profile or calibrate again")
         values[key] = float(step)
     return CalibrationErrors(**values)
+
+
+STALENESS_RESAMPLES = 4000      # resamples behind a staleness interval (fixed generator)
+
+
+def median_of_runs_interval(per_seed, repeats: int, level: float = 0.9,
+                            seed: int = 0) -> tuple[float, float]:
+    """The central `level` interval of what `perfmodel compare` measures for a PS row's
+    staleness, taken from the model's own spread over seeds: `per_seed` is a seeds x workers
+    array (each seed's mean staleness per worker of a speed class, or one column: the
+    pooled mean), and the measured side takes each worker's median over `repeats` runs,
+    then the mean over the workers. So: draw `repeats` seeds with replacement, take the
+    same statistic, STALENESS_RESAMPLES times (a generator of its own, `seed`), and keep
+    the quantiles. An SSP run with a straggler flips between orders of service run to run
+    (docs/model.md), so a median of 5 runs can move ±10 %: a point error alone cannot tell
+    a wrong model from that noise; this interval can."""
+    import numpy as np
+
+    values = np.asarray(per_seed, dtype=float)
+    if values.ndim != 2 or values.shape[0] < 2 or repeats < 1:
+        raise PerfmodelError(f"a staleness interval needs >= 2 seeds and >= 1 repeat, got "
+                             f"{values.shape[0] if values.ndim == 2 else 0} and {repeats}")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, values.shape[0], size=(STALENESS_RESAMPLES, repeats))
+    stat = np.median(values[picks], axis=1).mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(stat, [tail, 1 - tail])
+    return float(low), float(high)

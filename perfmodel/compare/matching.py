@@ -307,6 +307,10 @@ class Comparison:
     server_phases: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # PS predicted over several seeds: the pooled mean staleness's (min, max) over them
     staleness_seed_range: tuple[float, float] | None = None
+    # ... and each speed class's 90 % interval for the median over the runs (run.py
+    # `staleness_intervals`: from the seeds' own spread); {} = none
+    staleness_speed_intervals: dict[float, tuple[float, float] | None] = field(
+        default_factory=dict)
 
     @property
     def other_cores(self) -> float | None:
@@ -365,6 +369,35 @@ class Comparison:
         return max(found, key=lambda f: abs(f[3])) if found else None
 
     @property
+    def staleness_counted(self) -> tuple[float, float, tuple[float, float] | None] | None:
+        """(error, predicted, interval) of the staleness a headline counts: the worst speed
+        class's mean, and under SSP the pooled mean where it misses more; None where
+        staleness cannot be wrong or was not recorded (`counts`)."""
+        if not self.staleness_can_be_wrong:
+            return None
+        q, worst = self.quantities["staleness_mean"], self.staleness_worst_speed
+        found = []
+        if worst is not None:
+            found.append((worst[3], worst[1], self.staleness_speed_intervals.get(worst[0]),
+                          worst[2]))
+        if strategy_records.get(self.strategy).ps_mode == "ssp" and q.error is not None:
+            found.append((q.error, q.predicted, q.interval, q.measured))
+        if not found:
+            return None
+        err, pred, interval, _ = max(found, key=lambda f: abs(f[0]))
+        return err, pred, interval
+
+    @property
+    def staleness_inside(self) -> bool | None:
+        """Whether the counted staleness's measured value lies in its interval."""
+        counted = self.staleness_counted
+        if counted is None or counted[2] is None:
+            return None
+        q, worst = self.quantities["staleness_mean"], self.staleness_worst_speed
+        measured = (q.measured if worst is None or counted[0] != worst[3] else worst[2])
+        return counted[2][0] <= measured <= counted[2][1]
+
+    @property
     def diagnosis(self) -> str:
         """Which part of the step the model got wrong, where an error exceeds LARGE_ERROR."""
         errors = {q: self.quantities[q].error for q in ("step_time", "throughput")}
@@ -399,6 +432,7 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         t = predicted["throughput_samples_per_s"] * predicted["step_time_s"]
         thr_iv = (t / step_iv[1], t / step_iv[0])
     pred_tau = tuple(predicted.get("staleness_values") or ())
+    intervals = predicted.get("staleness_intervals") or {}
     meas_tau = tuple(v for m in measured for v in m.staleness)
     q = {
         "throughput": Quantity.of(predicted["throughput_samples_per_s"],
@@ -409,7 +443,8 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
                                    [m.peak_memory_bytes for m in measured]),
         "staleness_mean": Quantity.of(
             _predicted_staleness(predicted, pred_tau) if ps else None,
-            [float(np.mean(m.staleness)) for m in measured if m.staleness] if ps else []),
+            [float(np.mean(m.staleness)) for m in measured if m.staleness] if ps else [],
+            _pair(intervals.get("pooled"))),
     }
     pred_w = {int(w): float(v) for w, v in
               (predicted.get("staleness_worker_means") or {}).items()}
@@ -442,7 +477,13 @@ def compare(key: str, predicted: dict[str, Any], runs: Sequence, failed: Sequenc
         host_cores=_median_of(m.host_cores for m in measured),
         thread_cores=_median_of(m.thread_cores for m in measured),
         server_phases=_phases(predicted.get("server_phases_s") or {}, measured) if ps else {},
-        staleness_seed_range=seed_range(predicted))
+        staleness_seed_range=seed_range(predicted),
+        staleness_speed_intervals={float(k.split()[1]): _pair(v) for k, v in intervals.items()
+                                   if k.startswith("speed ")})
+
+
+def _pair(v) -> tuple[float, float] | None:
+    return None if v is None else (float(v[0]), float(v[1]))
 
 
 def seed_range(predicted: dict[str, Any]) -> tuple[float, float] | None:
@@ -530,8 +571,15 @@ def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None)
     errors = np.array([abs(e) for _, _, e in pairs])
     spreads = [qq.spread for _, qq, _ in pairs if qq.spread is not None]
     robust = [qq.robust_sd for _, qq, _ in pairs if qq.robust_sd is not None]
-    flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
-    widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]
+    if quantity == "staleness_mean":       # the counted quantity's own interval (`counts`)
+        by_key = {r.key: r for r in chosen}
+        counted = [by_key[k].staleness_counted for k, _, _ in pairs]
+        flags = [f for k, _, _ in pairs if (f := by_key[k].staleness_inside) is not None]
+        widths = [(c[2][1] - c[2][0]) / 2 / abs(c[1]) for c in counted
+                  if c is not None and c[2] is not None and c[1]]
+    else:
+        flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
+        widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]
     worst = int(errors.argmax()) if pairs else None
     return Headline(
         quantity=quantity, count=len(pairs),

@@ -29,7 +29,8 @@ How a B item is predicted (`scenario_for`, `model_options`):
   carries: a spread drawn per rank on top would count it again as waiting for the slowest);
 - PS rows are predicted over MODEL_SEEDS seeds (seed, seed + 1, ...) and the medians over
   them compared, as the measured median over repeats is (`perfmodel/compare/run.py`): a
-  crowded SSP run flips between two orders of service, so one seed is one draw;
+  crowded SSP run flips between two orders of service, so one seed is one draw; the seeds'
+  spread also gives each staleness a 90 % interval for the median of the runs;
 - a capped link: the ranks sit on two emulated nodes (devices_per_node = 1) joined by an
   inter-node link of the cap's bandwidth, with the calibrated loopback latency;
 - FSDP on CPU: prefetch 0, since the measured run times each gloo collective synchronously
@@ -61,9 +62,13 @@ WARMUP_STEPS = 2
 # per-speed mean by 10 % (reports 27-30 measured 1.80, 2.00, 2.00, 1.80): the 10 % target
 # could not be resolved. 40 steps give ~19; a run gets ~3 s longer (28 steps of 40-150 ms).
 STEPS = {"full": 40, "quick": 6}
-# Seeds of the model per PS row (decided before report 35, 2026-12-05, for every PS row alike):
-# the point predictions are the medians over them, their range is shown beside.
-MODEL_SEEDS = 9
+# Seeds of the model per PS row, for every PS row alike: the point predictions are the
+# medians over them, their range is shown beside, and their spread gives each staleness its
+# interval (uncertainty.py `median_of_runs_interval`). 9 from report 35 on; 45 from report 41
+# (decided before it, session 26): over 9 seeds the SSP row's fast-worker median itself moved
+# by ~8 % (its seeds flip between two regimes), and 5 %/95 % tails need more than 9 seeds.
+# ~0.1 s a seed.
+MODEL_SEEDS = 45
 SSP_DEFAULT_BOUND = 1                   # measure/runs/ps.py's default staleness bound
 TIMEOUT_S = 300.0                       # process-group timeout of each B run
 HELD_OUT_FILE = Path(__file__).resolve().parent.parent / "data" / "heldout" / "local.toml"

@@ -88,6 +88,10 @@ def row_values(r: Comparison) -> dict[str, Any]:
     out["staleness_worst_speed_predicted"] = None if speed is None else speed[1]
     out["staleness_worst_speed_measured"] = None if speed is None else speed[2]
     out["staleness_headline_error"] = counts(r, "staleness_mean")[0]
+    counted = r.staleness_counted
+    out["staleness_headline_low"] = None if counted is None or not counted[2] else counted[2][0]
+    out["staleness_headline_high"] = None if counted is None or not counted[2] else counted[2][1]
+    out["staleness_headline_inside"] = r.staleness_inside
     out["speed"] = " ".join(f"{v:g}" for v in r.speed)
     out["memory_method"] = r.memory_method
     out["memory_twin"] = r.memory_twin
@@ -371,7 +375,10 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
            "several seeds and the medians compared, as the measured side takes the median "
            "over its repeats; the range over the seeds stands beside the range over the "
            "runs (an SSP run with a straggler flips between two orders of service, so its "
-           "runs spread: docs/model.md). " + W1_LEGEND, "",
+           "runs spread: docs/model.md). The worst speed's 90 % interval is for the median "
+           "of the runs, from the seeds' own spread (perfmodel/uncertainty.py "
+           "`median_of_runs_interval`); the headline's coverage counts the counted "
+           "quantity's interval. " + W1_LEGEND, "",
            "| config | why it can be wrong | pooled mean pred [seeds min–max] | pooled mean "
            "meas [runs min–max] | worst speed: pred / meas | counted error | worst worker: "
            "pred / meas (not counted) | W1 (versions) |", "|---|---|---|---|---|---|---|---|"]
@@ -382,8 +389,9 @@ def staleness_table(rows: Sequence[Comparison]) -> list[str]:
         worst = (f"worker {w[0]}: {w[1]:.2f} / {w[2]:.2f} ({pct(w[3])})" if w else
                  "not recorded")
         c = r.staleness_worst_speed
+        band = r.staleness_speed_intervals.get(c[0]) if c else None
         speed = (f"speed {c[0]:g}: {c[1]:.2f} / {c[2]:.2f} ({pct(c[3])})" if c else
-                 "not recorded")
+                 "not recorded") + (f" [90 %: {band[0]:.2f}–{band[1]:.2f}]" if band else "")
         err, _ = counts(r, "staleness_mean")
         if err is not None:
             errs.append((abs(err), r.key, err))

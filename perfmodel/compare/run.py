@@ -42,7 +42,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
 from perfmodel.sim import ps as ps_sim
 from perfmodel.sim.collectives import link_transfer_s
-from perfmodel.uncertainty import CalibrationErrors, interval_for
+from perfmodel.uncertainty import CalibrationErrors, interval_for, median_of_runs_interval
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
 
@@ -123,11 +123,28 @@ def over_seeds(record: dict[str, Any], runs: Sequence[Prediction], h: HeldOut,
     out["staleness_values"] = [float(v) for x in points for v in x[2]]
     out["staleness_mean"] = float(np.median(means)) if means else None
     out["staleness_worker_means"] = {str(w): float(np.median(v)) for w, v in by_worker.items()}
+    out["staleness_intervals"] = staleness_intervals(points, h, repeats)
     out["seeds"] = [p.scenario.seed for p in runs]
     out["seed_range"] = {
         "throughput_samples_per_s": [min(thr), max(thr)], "step_time_s": [min(step), max(step)],
         "staleness_mean": [min(means), max(means)] if means else None,
         "staleness_worker_means": {str(w): [min(v), max(v)] for w, v in by_worker.items()}}
+    return out
+
+
+def staleness_intervals(points, h: HeldOut, repeats: int) -> dict[str, list[float]]:
+    """90 % intervals for the median of `repeats` runs (uncertainty.median_of_runs_interval)
+    from the seeds' spread: "pooled" for the pooled mean staleness, and each speed class's
+    mean ("speed 0.5"); only from seeds where every worker pushed in the steady window."""
+    full = [x for x in points if x[2].size and len(x[3]) == h.workers]
+    if h.kind != "ps" or len(full) < 2:
+        return {}
+    speeds = [h.speed[w] if w < len(h.speed) else 1.0 for w in range(h.workers)]
+    out = {"pooled": list(median_of_runs_interval([[x[2].mean()] for x in full], repeats))}
+    for s in sorted(set(speeds)):
+        cols = [w for w in range(h.workers) if speeds[w] == s]
+        out[f"speed {s:g}"] = list(median_of_runs_interval(
+            [[x[3][w] for w in cols] for x in full], repeats))
     return out
 
 
