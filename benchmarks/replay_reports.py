@@ -54,7 +54,8 @@ def replay(report: Path) -> list[dict]:
         raise SystemExit(f"{report}: expected one set A store under pooled/, found {len(stores)}")
     measured = {r["key"]: r for r in csv.DictReader((report / "comparisons.csv").open())}
     # the report's own timed steps (12 before report 31; protocol.STEPS['full'] now)
-    steps = json.loads((report / "comparisons.json").read_text())["meta"]["steps"]
+    meta = json.loads((report / "comparisons.json").read_text())["meta"]
+    steps, repeats = meta["steps"], int(meta.get("repeats") or 1)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         calibrate(stores[0], home)
@@ -63,8 +64,12 @@ def replay(report: Path) -> list[dict]:
             "from perfmodel.cluster import load_cluster\n"
             "from perfmodel.compare import protocol, run\n"
             "held_out = protocol.held_out_set()\n"
+            "import inspect\n"      # intervals for the report's repeats, where the code has them
+            f"kw = {{'repeats': {repeats}}} if 'repeats' in "
+            "inspect.signature(run.predict_all).parameters else {}\n"
             "records = run.predict_all(held_out, load_cluster('local'), None,\n"
-            f"                          steps={int(steps)}, seed={SEED})\n"
+            f"                          steps={int(steps)}, seed={SEED},\n"
+            "                          **kw)\n"
             "json.dump({r['key']: [r['step_time_s'], r['staleness_worker_means'],\n"
             "                      r['speed'], r.get('staleness_intervals')]\n"
             "           for r in records}, sys.stdout)\n")
