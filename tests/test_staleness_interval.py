@@ -83,7 +83,7 @@ def test_a_headline_counts_the_counted_quantitys_own_interval():
                                                                  0.5: (3.0, 3.2)})
     outside = dataclasses.replace(row, staleness_speed_intervals={1.0: (1.85, 2.1),
                                                                   0.5: (3.0, 3.2)})
-    assert inside.staleness_counted[2] == (1.7, 2.1)
+    assert inside.staleness_counted[3] == (1.7, 2.1)
     assert inside.staleness_inside is True and outside.staleness_inside is False
     h = headline([inside, dataclasses.replace(outside, key="b")], "staleness_mean")
     assert (h.inside, h.with_interval) == (1, 2)
@@ -93,5 +93,5 @@ def test_a_headline_counts_the_counted_quantitys_own_interval():
     pooled_miss = dataclasses.replace(inside, quantities=dict(
         row.quantities, staleness_mean=Quantity.of(3.0, [2.0], (2.5, 3.5))))
     assert q.predicted != 3.0
-    assert pooled_miss.staleness_counted[2] == (2.5, 3.5)
+    assert pooled_miss.staleness_counted[3] == (2.5, 3.5)
     assert pooled_miss.staleness_inside is False

@@ -369,33 +369,28 @@ class Comparison:
         return max(found, key=lambda f: abs(f[3])) if found else None
 
     @property
-    def staleness_counted(self) -> tuple[float, float, tuple[float, float] | None] | None:
-        """(error, predicted, interval) of the staleness a headline counts: the worst speed
-        class's mean, and under SSP the pooled mean where it misses more; None where
-        staleness cannot be wrong or was not recorded (`counts`)."""
+    def staleness_counted(self) -> tuple[float, float, float, tuple[float, float] | None] | None:
+        """(error, predicted, measured, interval) of the staleness a headline counts: the
+        worst speed class's mean, and under SSP the pooled mean where it misses more; None
+        where staleness cannot be wrong or was not recorded (`counts` says why)."""
         if not self.staleness_can_be_wrong:
             return None
         q, worst = self.quantities["staleness_mean"], self.staleness_worst_speed
         found = []
         if worst is not None:
-            found.append((worst[3], worst[1], self.staleness_speed_intervals.get(worst[0]),
-                          worst[2]))
+            found.append((worst[3], worst[1], worst[2],
+                          self.staleness_speed_intervals.get(worst[0])))
         if strategy_records.get(self.strategy).ps_mode == "ssp" and q.error is not None:
-            found.append((q.error, q.predicted, q.interval, q.measured))
-        if not found:
-            return None
-        err, pred, interval, _ = max(found, key=lambda f: abs(f[0]))
-        return err, pred, interval
+            found.append((q.error, q.predicted, q.measured, q.interval))
+        return max(found, key=lambda f: abs(f[0])) if found else None
 
     @property
     def staleness_inside(self) -> bool | None:
         """Whether the counted staleness's measured value lies in its interval."""
         counted = self.staleness_counted
-        if counted is None or counted[2] is None:
+        if counted is None or counted[3] is None:
             return None
-        q, worst = self.quantities["staleness_mean"], self.staleness_worst_speed
-        measured = (q.measured if worst is None or counted[0] != worst[3] else worst[2])
-        return counted[2][0] <= measured <= counted[2][1]
+        return counted[3][0] <= counted[2] <= counted[3][1]
 
     @property
     def diagnosis(self) -> str:
@@ -540,13 +535,11 @@ def counts(r: Comparison, quantity: str) -> tuple[float | None, str]:
             return None, ""
         if not r.staleness_can_be_wrong:
             return None, "cannot be wrong (synchronous, or asynchronous with equal workers)"
-        worst = r.staleness_worst_speed
-        if strategy_records.get(r.strategy).ps_mode == "ssp":
-            found = [e for e in (q.error, worst[3] if worst else None) if e is not None]
-            return (max(found, key=abs) if found else None), "not measured"
-        if worst is None:       # asynchronous: the pooled mean is N − 1 whatever happens
-            return None, "per-worker staleness not recorded"
-        return worst[3], ""
+        counted = r.staleness_counted   # asynchronous: the pooled mean is N − 1 regardless
+        if counted is None:
+            return None, ("not measured" if strategy_records.get(r.strategy).ps_mode == "ssp"
+                          else "per-worker staleness not recorded")
+        return counted[0], ""
     if quantity == "peak_memory" and r.memory_twin and q.error is not None:
         return None, f"memory the same as set A's {r.memory_twin} (in-sample)"
     return q.error, ""
@@ -575,8 +568,8 @@ def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None)
         by_key = {r.key: r for r in chosen}
         counted = [by_key[k].staleness_counted for k, _, _ in pairs]
         flags = [f for k, _, _ in pairs if (f := by_key[k].staleness_inside) is not None]
-        widths = [(c[2][1] - c[2][0]) / 2 / abs(c[1]) for c in counted
-                  if c is not None and c[2] is not None and c[1]]
+        widths = [(c[3][1] - c[3][0]) / 2 / abs(c[1]) for c in counted
+                  if c is not None and c[3] is not None and c[1]]
     else:
         flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
         widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]

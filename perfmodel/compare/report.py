@@ -89,8 +89,9 @@ def row_values(r: Comparison) -> dict[str, Any]:
     out["staleness_worst_speed_measured"] = None if speed is None else speed[2]
     out["staleness_headline_error"] = counts(r, "staleness_mean")[0]
     counted = r.staleness_counted
-    out["staleness_headline_low"] = None if counted is None or not counted[2] else counted[2][0]
-    out["staleness_headline_high"] = None if counted is None or not counted[2] else counted[2][1]
+    band = None if counted is None else counted[3]
+    out["staleness_headline_low"] = None if band is None else band[0]
+    out["staleness_headline_high"] = None if band is None else band[1]
     out["staleness_headline_inside"] = r.staleness_inside
     out["speed"] = " ".join(f"{v:g}" for v in r.speed)
     out["memory_method"] = r.memory_method

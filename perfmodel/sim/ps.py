@@ -198,7 +198,7 @@ class _ComputeTimes:
         lost = np.asarray(stretch) - 1.0
         # the mean delay a step waits for a core: seconds (timed wait), else per nominal second
         self.delay_s = paid_s * lost if paid_s > 0 else nominal_s * lost
-        if delay is not None and delay[0] > 0:
+        if delay is not None:
             self.delay_cv, self.delay_rng = delay
         elif paid_s > 0:
             self.extra_s = self.delay_s
@@ -355,8 +355,9 @@ class _PSRun:
         self.cluster, self.stretch = cluster, stretch
         self.workload_name = wl.name
         worker_stretch, server_stretch, link_stretch = stretch or (None, None, None)
-        delay = (cluster.compute.sharing_delay_cv,
-                 np.random.default_rng((scenario.seed, SHARING_DELAY_STREAM)))
+        cv = cluster.compute.sharing_delay_cv
+        delay = ((cv, np.random.default_rng((scenario.seed, SHARING_DELAY_STREAM)))
+                 if cv > 0 and worker_stretch is not None else None)
         self.compute = _ComputeTimes(StepNoise(scenario, scenario.rng()), nominal,
                                      worker_stretch, self.paid_s, delay)
         self.compute_spans: list[list[tuple[float, float]]] | None = None
