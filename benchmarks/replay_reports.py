@@ -53,9 +53,11 @@ def replay(report: Path) -> list[dict]:
     if len(stores) != 1:
         raise SystemExit(f"{report}: expected one set A store under pooled/, found {len(stores)}")
     measured = {r["key"]: r for r in csv.DictReader((report / "comparisons.csv").open())}
-    # the report's own timed steps (12 before report 31; protocol.STEPS['full'] now)
+    # the report's own timed steps (12 before report 31; protocol.STEPS['full'] now) and its
+    # PS rows' (the same before report 42; protocol.PS_STEPS['full'] since)
     meta = json.loads((report / "comparisons.json").read_text())["meta"]
     steps, repeats = meta["steps"], int(meta.get("repeats") or 1)
+    ps_steps = int(meta.get("ps_steps") or steps)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         calibrate(stores[0], home)
@@ -65,8 +67,9 @@ def replay(report: Path) -> list[dict]:
             "from perfmodel.compare import protocol, run\n"
             "held_out = protocol.held_out_set()\n"
             "import inspect\n"      # intervals for the report's repeats, where the code has them
-            f"kw = {{'repeats': {repeats}}} if 'repeats' in "
-            "inspect.signature(run.predict_all).parameters else {}\n"
+            "known = inspect.signature(run.predict_all).parameters\n"
+            f"kw = {{k: v for k, v in (('repeats', {repeats}), ('ps_steps', {ps_steps}))\n"
+            "      if k in known}\n"
             "records = run.predict_all(held_out, load_cluster('local'), None,\n"
             f"                          steps={int(steps)}, seed={SEED},\n"
             "                          **kw)\n"

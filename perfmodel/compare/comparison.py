@@ -89,6 +89,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     here = os.uname().nodename
     held_out = protocol.held_out_set(quick)
     steps = protocol.STEPS["quick" if quick else "full"]
+    ps_steps = protocol.PS_STEPS["quick" if quick else "full"]
     data, set_a, suite_configs, notes = profile_data(
         store, cluster, profile_path=profile_path, calibrate=calibrate, here=here,
         allow=allow_other_host, max_time_s=max_time_s, quick=quick,
@@ -100,9 +101,10 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     profile = write_profile(data, out / "profile.toml")
     errors = calibration_errors(data)
     predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
-                                  repeats=repeats)
+                                  repeats=repeats, ps_steps=ps_steps)
     (out / "predictions.json").write_text(json.dumps(
         {"command": command_line, "cluster": cluster, "seed": seed, "steps": steps,
+         "ps_steps": ps_steps,
          "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "predictions": predictions},
         indent=1) + "\n")
     if predict_only:
@@ -116,10 +118,11 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     drift = None if spec is None else anchor.suite_measurement(
         spec, build_suite("cpu", suite=cluster))
     anchor_steps = 0 if drift is None else repeats * int(drift.config.get("steps") or 0)
-    progress.begin(len(held_out) * repeats * steps + elastic_steps + anchor_steps)
+    progress.begin(repeats * sum(protocol.timed_steps(h, steps, ps_steps) for h in held_out)
+                   + elastic_steps + anchor_steps)
     found = run.measure_all(held_out, profile, store, repeats=repeats, steps=steps, seed=seed,
                             max_time_s=max_time_s, progress=progress,
-                            protocol=run_protocol, anchor=drift)
+                            protocol=run_protocol, anchor=drift, ps_steps=ps_steps)
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
         progress=progress, protocol=run_protocol)
@@ -129,7 +132,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     rows = [dataclasses.replace(r, memory_twin=twins.get(r.key, "")) for r in rows]
     torch_rows, torch_note = summary.torch_memory_rows(
         None if quick and torch_memory is None else (torch_memory or "8,64"))
-    curves = summary.scaling_curves(held_out, profile, steps=steps, seed=seed)
+    curves = summary.scaling_curves(held_out, profile, steps=steps, seed=seed,
+                                    ps_steps=ps_steps)
     tl_key = summary.timeline_key(rows)
     by_key = {p["key"]: p for p in predictions}
     drawn = figures.draw_all(
@@ -138,8 +142,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         timeline_data=by_key[tl_key]["timeline"] if tl_key else None, torch_points=torch_rows)
     meta = summary.meta(
         command=command_line, cluster=cluster, data=data, here=here, set_a=set_a,
-        held_out=held_out, repeats=repeats, steps=steps, seed=seed, found=found,
-        notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
+        held_out=held_out, repeats=repeats, steps=steps, ps_steps=ps_steps, seed=seed,
+        found=found, notes=notes, wall_s=time.monotonic() - started, torch_note=torch_note)
     if drift is not None:
         meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor,
                                           anchor_prediction(drift, profile, seed)).as_dict(),

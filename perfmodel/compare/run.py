@@ -37,6 +37,7 @@ from perfmodel.compare.protocol import (
     model_options,
     run_config,
     scenario_for,
+    timed_steps,
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
@@ -202,13 +203,16 @@ def timeline(p: Prediction) -> dict[str, Any]:
 
 def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,
                 errors: CalibrationErrors | None, *, steps: int, seed: int,
-                cpu: bool = True, repeats: int = 1) -> list[dict[str, Any]]:
-    """Every held-out configuration's predicted record; intervals for the median of
+                cpu: bool = True, repeats: int = 1,
+                ps_steps: int | None = None) -> list[dict[str, Any]]:
+    """Every held-out configuration's predicted record, `steps` timed steps a run
+    (`ps_steps` for a PS row where given: protocol.PS_STEPS); intervals for the median of
     `repeats` runs."""
     out = []
     for h in held_out:
         seeds = range(seed, seed + (MODEL_SEEDS if h.kind == "ps" else 1))
-        p, *more = [predict(h.strategy, scenario_for(h, profile, steps=steps, seed=s),
+        n = timed_steps(h, steps, ps_steps)
+        p, *more = [predict(h.strategy, scenario_for(h, profile, steps=n, seed=s),
                             **model_options(h, cpu=cpu)) for s in seeds]
         out.append(predicted_record(h, p, errors, more, repeats=repeats))
     return out
@@ -229,8 +233,9 @@ class Measurements:
 def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *,
                 repeats: int, steps: int, seed: int, max_time_s: float | None,
                 progress: Progress, protocol: RunProtocol | None = None,
-                anchor=None) -> Measurements:
-    """Run every configuration `repeats` times, interleaved; store each run at once
+                anchor=None, ps_steps: int | None = None) -> Measurements:
+    """Run every configuration `repeats` times, interleaved, `steps` timed steps a run
+    (`ps_steps` for a PS row where given); store each run at once
     (measure/session.py), each after the `protocol`'s wait for a quiet machine and with its
     ranks pinned where there are cores enough (measure/protocol.py). `anchor`: a set-A
     measurement (calibration/suite.py) run again at the start of every round, the drift
@@ -252,9 +257,10 @@ def measure_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile, store, *
                 found.skipped[h.key] = ("the link-rate cap needs root (network namespaces and "
                                         "tc); this session is not root")
                 continue
-            config = run_config(h, profile, steps=steps, seed=seed, repeat=repeat)
+            n = timed_steps(h, steps, ps_steps)
+            config = run_config(h, profile, steps=n, seed=seed, repeat=repeat)
             label = f"{h.key} ({repeat}/{repeats})"
-            update = progress.start(label, steps)
+            update = progress.start(label, n)
             load = os.getloadavg()[0]
             try:
                 stored = session.run(config, h.processes, store,

@@ -19,7 +19,13 @@ import numpy as np
 from perfmodel import strategies as strategy_records
 from perfmodel.cluster import data_home, load_cluster
 from perfmodel.compare.matching import SERVER_PHASES, Comparison, counts
-from perfmodel.compare.protocol import WARMUP_STEPS, HeldOut, model_options, scenario_for
+from perfmodel.compare.protocol import (
+    WARMUP_STEPS,
+    HeldOut,
+    model_options,
+    scenario_for,
+    timed_steps,
+)
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import ddp_memory, fsdp_memory
 from perfmodel.predict import predict
@@ -36,9 +42,10 @@ SCALING_WORKERS = (1, 2, 4, 8)
 
 
 def scaling_curves(held_out: Sequence[HeldOut], profile, *, steps: int,
-                   seed: int) -> dict[str, dict[str, Any]]:
+                   seed: int, ps_steps: int | None = None) -> dict[str, dict[str, Any]]:
     """Per strategy, the model's throughput at 1-8 workers for its first timed-wait
-    configuration without stragglers, and the keys of the runs that share its settings."""
+    configuration without stragglers, and the keys of the runs that share its settings;
+    with the rows' own timed steps (protocol.timed_steps)."""
     curves = {}
     for h in held_out:
         if not h.timed_wait or h.speed or h.link_rate_Gbps or h.strategy in curves:
@@ -50,7 +57,8 @@ def scaling_curves(held_out: Sequence[HeldOut], profile, *, steps: int,
         thr = []
         for n in workers:
             g = dataclasses.replace(h, workers=n)
-            p = predict(g.strategy, scenario_for(g, profile, steps=steps, seed=seed),
+            p = predict(g.strategy, scenario_for(g, profile, steps=timed_steps(g, steps, ps_steps),
+                                                 seed=seed),
                         **model_options(g))
             thr.append(p.summary.throughput_samples_per_s)
         curves[h.strategy] = {"workers": workers, "throughput": thr, "keys": family,
@@ -208,7 +216,8 @@ def _write_cache(path, cache: dict[str, Any]) -> None:
 
 def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: dict,
          held_out: Sequence[HeldOut], repeats: int, steps: int, seed: int, found,
-         notes: Sequence[str], wall_s: float, torch_note: str) -> dict[str, Any]:
+         notes: Sequence[str], wall_s: float, torch_note: str,
+         ps_steps: int | None = None) -> dict[str, Any]:
     from calibration.hardware import detect
     from perfmodel.compare.protocol import today
 
@@ -248,7 +257,10 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
         f"Held-out set B: {len(held_out)} configurations, none of them in set A (checked). "
         f"All were predicted first (`predictions.json`, written before the first run), then "
         f"each was measured {repeats} times, runs interleaved; {steps} timed steps after "
-        f"{WARMUP_STEPS} warm-up steps per run.",
+        f"{WARMUP_STEPS} warm-up steps per run"
+        + (f" ({ps_steps} for a parameter-server run: its staleness is a property of the "
+           f"sequence of updates, perfmodel/compare/protocol.py PS_STEPS)"
+           if ps_steps is not None and ps_steps != steps else "") + ".",
         "TIMED-WAIT runs (marked in the table): each worker's forward, backward and optimizer "
         "step is a sleep of the calibrated time, less the CPU work the worker does between "
         "its sleeps (measure/timed_wait.py, `Sleeper`), so 4-8 workers fit on 2 cores while "
@@ -272,7 +284,8 @@ def meta(*, command: str, cluster: str, data: dict[str, Any], here: str, set_a: 
             "load_range": (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"),
             "protocol": protocol, "skipped": dict(found.skipped),
             "failed": {k: v for k, v in found.failed.items()}, "repeats": repeats,
-            "steps": steps, "seed": seed, "set_a": set_a, "torch_memory_note": torch_note,
+            "steps": steps, "ps_steps": steps if ps_steps is None else ps_steps,
+            "seed": seed, "set_a": set_a, "torch_memory_note": torch_note,
             "run_protocol": {str(i): p for i, p in getattr(found, "protocol", {}).items()}}
 
 
