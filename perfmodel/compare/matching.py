@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.stats
@@ -48,6 +48,15 @@ QUANTITIES = ("throughput", "step_time", "peak_memory", "staleness_mean")
 SERVER_PHASES = {"recv_s": "receive (wait + push)", "update_s": "apply + pack",
                  "reply_s": "reply (pull)"}
 _RECORDED = ("recv_s", "apply_s", "pack_s", "reply_s")
+
+
+class CountedStaleness(NamedTuple):
+    """The staleness a headline counts for one PS row (`Comparison.staleness_counted`)."""
+
+    error: float
+    predicted: float
+    measured: float
+    interval: tuple[float, float] | None    # 90 % for the median of the runs, if any
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -369,28 +378,29 @@ class Comparison:
         return max(found, key=lambda f: abs(f[3])) if found else None
 
     @property
-    def staleness_counted(self) -> tuple[float, float, float, tuple[float, float] | None] | None:
-        """(error, predicted, measured, interval) of the staleness a headline counts: the
-        worst speed class's mean, and under SSP the pooled mean where it misses more; None
-        where staleness cannot be wrong or was not recorded (`counts` says why)."""
+    def staleness_counted(self) -> CountedStaleness | None:
+        """The staleness a headline counts: the worst speed class's mean, and under SSP the
+        pooled mean where it misses more; None where staleness cannot be wrong or was not
+        recorded (`counts` says why)."""
         if not self.staleness_can_be_wrong:
             return None
         q, worst = self.quantities["staleness_mean"], self.staleness_worst_speed
         found = []
         if worst is not None:
-            found.append((worst[3], worst[1], worst[2],
-                          self.staleness_speed_intervals.get(worst[0])))
+            found.append(CountedStaleness(worst[3], worst[1], worst[2],
+                                          self.staleness_speed_intervals.get(worst[0])))
         if strategy_records.get(self.strategy).ps_mode == "ssp" and q.error is not None:
-            found.append((q.error, q.predicted, q.measured, q.interval))
-        return max(found, key=lambda f: abs(f[0])) if found else None
+            found.append(CountedStaleness(q.error, q.predicted, q.measured, q.interval))
+        return max(found, key=lambda f: abs(f.error)) if found else None
 
     @property
     def staleness_inside(self) -> bool | None:
         """Whether the counted staleness's measured value lies in its interval."""
         counted = self.staleness_counted
-        if counted is None or counted[3] is None:
+        if counted is None or counted.interval is None:
             return None
-        return counted[3][0] <= counted[2] <= counted[3][1]
+        low, high = counted.interval
+        return low <= counted.measured <= high
 
     @property
     def diagnosis(self) -> str:
@@ -539,7 +549,7 @@ def counts(r: Comparison, quantity: str) -> tuple[float | None, str]:
         if counted is None:
             return None, ("not measured" if strategy_records.get(r.strategy).ps_mode == "ssp"
                           else "per-worker staleness not recorded")
-        return counted[0], ""
+        return counted.error, ""
     if quantity == "peak_memory" and r.memory_twin and q.error is not None:
         return None, f"memory the same as set A's {r.memory_twin} (in-sample)"
     return q.error, ""
@@ -568,8 +578,8 @@ def headline(rows: Sequence[Comparison], quantity: str, mode: str | None = None)
         by_key = {r.key: r for r in chosen}
         counted = [by_key[k].staleness_counted for k, _, _ in pairs]
         flags = [f for k, _, _ in pairs if (f := by_key[k].staleness_inside) is not None]
-        widths = [(c[3][1] - c[3][0]) / 2 / abs(c[1]) for c in counted
-                  if c is not None and c[3] is not None and c[1]]
+        widths = [(c.interval[1] - c.interval[0]) / 2 / abs(c.predicted) for c in counted
+                  if c is not None and c.interval is not None and c.predicted]
     else:
         flags = [qq.inside for _, qq, _ in pairs if qq.inside is not None]
         widths = [w for _, qq, _ in pairs if (w := half_width(qq)) is not None]

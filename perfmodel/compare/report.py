@@ -89,7 +89,7 @@ def row_values(r: Comparison) -> dict[str, Any]:
     out["staleness_worst_speed_measured"] = None if speed is None else speed[2]
     out["staleness_headline_error"] = counts(r, "staleness_mean")[0]
     counted = r.staleness_counted
-    band = None if counted is None else counted[3]
+    band = None if counted is None else counted.interval
     out["staleness_headline_low"] = None if band is None else band[0]
     out["staleness_headline_high"] = None if band is None else band[1]
     out["staleness_headline_inside"] = r.staleness_inside

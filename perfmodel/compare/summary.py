@@ -57,9 +57,8 @@ def scaling_curves(held_out: Sequence[HeldOut], profile, *, steps: int,
         thr = []
         for n in workers:
             g = dataclasses.replace(h, workers=n)
-            p = predict(g.strategy, scenario_for(g, profile, steps=timed_steps(g, steps, ps_steps),
-                                                 seed=seed),
-                        **model_options(g))
+            scenario = scenario_for(g, profile, steps=timed_steps(g, steps, ps_steps), seed=seed)
+            p = predict(g.strategy, scenario, **model_options(g))
             thr.append(p.summary.throughput_samples_per_s)
         curves[h.strategy] = {"workers": workers, "throughput": thr, "keys": family,
                               "label": f"{h.workload} b{h.batch}, timed-wait"}
