@@ -69,7 +69,10 @@ Assumptions to know:
   a fast worker beside a straggler that sleeps half its span shares a core less often than
   the straggler does beside it (until session 25 one stretch, pooled over the node's
   workers, for all of them: the 2-worker real async straggler's fast worker stretched x1.24
-  where it took its unshared time within 7 %, docs/model.md).
+  where it took its unshared time within 7 %, docs/model.md). In a timed wait a worker holds
+  a core only for its own CPU work, the same at any speed, and the node's workers share one
+  stretch (`_stretch_classes`; the runs: a straggler's compute before its sleep is as long
+  as the fast workers').
 - Delay compensation (DC-ASGD, Zheng et al. 2017) makes the server also compute
   g + λ g⊙g⊙(w_now − w_old) and keep each worker's w_old: unfused elementwise passes (g⊙g,
   w_now − w_old, their product, the scaled add, the backup copy at each pull) touch about 3x
@@ -186,7 +189,10 @@ class _ComputeTimes:
 
     In a timed wait (`paid_s` > 0: the worker's own CPU work a step, which the harness pays
     back from its sleeps) the stretch is that work's, and only the wait for a core is added:
-    nominal x StepNoise + paid x (x − 1)·d, as DDP's copies in a timed wait."""
+    nominal x StepNoise + paid x (x − 1)·d / speed, as DDP's copies in a timed wait. A
+    straggler's sleep (measure/timing.py `Straggler.delay`) is its measured compute so far x
+    (1/speed − 1), and that compute includes the wait for a core, so the wait is slowed
+    down with the rest (until session 28 it was added once, after the slowdown)."""
 
     def __init__(self, noise: StepNoise, nominal_s: float, stretch=None, paid_s: float = 0.0,
                  delay: tuple[float, np.random.Generator] | None = None):
@@ -201,7 +207,7 @@ class _ComputeTimes:
         if delay is not None:
             self.delay_cv, self.delay_rng = delay
         elif paid_s > 0:
-            self.extra_s = self.delay_s
+            self.extra_s = self.delay_s * noise.slowdown
         else:
             self.nominal_s = nominal_s * np.asarray(stretch)
 
@@ -217,7 +223,7 @@ class _ComputeTimes:
         alpha = (1.0 / self.delay_cv**2 - 1.0) / 2.0     # 2·Beta(α, α): mean 1, this CV
         d = 2.0 * self.delay_rng.beta(alpha, alpha, noise.shape[0])
         if self.timed:
-            return noise * self.nominal_s + self.delay_s * d
+            return noise * self.nominal_s + self.noise.slowdown * self.delay_s * d
         return noise * (self.nominal_s + self.delay_s * d)
 
 
@@ -755,6 +761,20 @@ def _busy_part(span: tuple[float, float], speed: float) -> tuple[float, float]:
     return (start, start + (end - start) * min(speed, 1.0))
 
 
+def _stretch_classes(run: _PSRun, ws: list[int]) -> list[list[int]]:
+    """The workers of a node that share one compute stretch. Where compute occupies the
+    cores, one class per speed: a straggler computes for the first s of its span, then sleeps
+    (`_busy_part`), and feels the others only then. In a timed wait the node's workers are
+    one class: each holds a core only for its own CPU work (copies, zero gradients), the
+    same work at any speed, and the real runs show it waiting as long (a straggler's compute
+    before its sleep within ~1 ms of the fast workers' in four stores of SSP runs, where its
+    own stretch gave it 5.5 ms less: docs/model.md, since report 43)."""
+    if not run.cluster.compute_occupies_cores:
+        return [list(ws)]
+    return [[w for w in ws if float(run.speeds[w]) == speed]
+            for speed in sorted({float(run.speeds[w]) for w in ws})]
+
+
 def _sharing_note(run: _PSRun) -> str:
     workers, servers, links = run.stretch
     where = (f"{run.cluster.compute_cpu_cores_per_node} cores per node"
@@ -804,9 +824,10 @@ def _sharing_stretch(run: _PSRun, first: bool = False
         applies = [run.servers[i].spans for i in ss]
         # A worker feels the others while it computes, so workers that differ (a straggler
         # holds a core for part of its span) get their own stretch; workers of one speed are
-        # alike and share theirs, measured over all of them (module docstring).
-        for speed in sorted({float(run.speeds[w]) for w in ws}):
-            alike = [w for w in ws if float(run.speeds[w]) == speed]
+        # alike and share theirs, measured over all of them (module docstring). In a timed
+        # wait every worker's busy part is alike, its own CPU work, whatever its speed: one
+        # stretch for the node's workers (`_stretch_classes`).
+        for alike in _stretch_classes(run, ws):
             own = [span for w in alike for span in by_worker[w]]
             others = [by_worker[v] for v in ws if v not in alike]
             stretch_w = cores.fluid_stretch(own, [*others, *applies, *copies], share)
