@@ -202,12 +202,13 @@ class _ComputeTimes:
         if stretch is None:
             return
         lost = np.asarray(stretch) - 1.0
-        # the mean delay a step waits for a core: seconds (timed wait), else per nominal second
-        self.delay_s = paid_s * lost if paid_s > 0 else nominal_s * lost
+        # the mean delay a step waits for a core: seconds (timed wait: slowed down with the
+        # rest by a straggler's sleep), else per nominal second
+        self.delay_s = paid_s * lost * noise.slowdown if paid_s > 0 else nominal_s * lost
         if delay is not None:
             self.delay_cv, self.delay_rng = delay
         elif paid_s > 0:
-            self.extra_s = self.delay_s * noise.slowdown
+            self.extra_s = self.delay_s
         else:
             self.nominal_s = nominal_s * np.asarray(stretch)
 
@@ -223,7 +224,7 @@ class _ComputeTimes:
         alpha = (1.0 / self.delay_cv**2 - 1.0) / 2.0     # 2·Beta(α, α): mean 1, this CV
         d = 2.0 * self.delay_rng.beta(alpha, alpha, noise.shape[0])
         if self.timed:
-            return noise * self.nominal_s + self.noise.slowdown * self.delay_s * d
+            return noise * self.nominal_s + self.delay_s * d
         return noise * (self.nominal_s + self.delay_s * d)
 
 
