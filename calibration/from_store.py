@@ -119,6 +119,8 @@ COMMANDS = {
 }
 T = TypeVar("T")
 CHECK_FAILED = "CHECK FAILED"
+# compute.overlap_slowdown below this cannot be interference (it only slows compute down)
+OVERLAP_FLOOR = 1.0
 # The PS round trip's tolerance: between runs the mean step moves ±15-20 % on a shared
 # 2-core host (DESIGN.md, "What this machine can and cannot measure"), so a model off by
 # more than 20 % is off by more than the machine's noise.
@@ -697,13 +699,20 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
     return fit_result("compute.overlap_slowdown", s, fit.stderr[0], fit.rel)
 
 
+def inconsistent_overlap(data: dict) -> float | None:
+    """A fitted profile's compute.overlap_slowdown where it fails `overlap_warning`'s check
+    (below 1: the host changed speed during set A), else None."""
+    value = (data.get("compute") or {}).get("overlap_slowdown")
+    return float(value) if value is not None and float(value) < OVERLAP_FLOOR else None
+
+
 def overlap_warning(fit: FitResult) -> list[str]:
     """A loud note where compute.overlap_slowdown came out below 1: the training runs
     computed faster with collectives in flight than the compute runs' passes alone, which
     interference cannot do, so the host changed speed between set A's compute runs and its
     training runs (report 43's set A fitted 0.70 where 35-42 fitted 1.47-1.92, and its
     drift anchor ran x1.39). The value is kept as fitted: the note says not to trust it."""
-    if fit.value >= 1.0:
+    if fit.value >= OVERLAP_FLOOR:
         return []
     return [f"{CHECK_FAILED}: compute.overlap_slowdown {fit.value:.2f} is below 1: the "
             f"DDP/FSDP runs computed faster while communicating than the compute runs' passes "
