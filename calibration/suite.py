@@ -40,7 +40,9 @@ it feeds (calibration/from_store.py):
   reaches a serial server first. Nothing else is fitted on it.
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
-  (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose.
+  (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose. Each is
+  timed `CORES_TIMED_REPEATS` blocks of >= 50 ms: long enough to span the host's speed
+  phases (since session 29; 8 blocks before, about 0.3-0.7 s, caught one phase).
 
 The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
 alternate with the other training runs (ddp 1, ddp mlp, ddp 2, ps, ddp 3) instead of running
@@ -95,6 +97,12 @@ SHARED_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 WARMUP_STEPS = 2                    # of every training run of the suite
 CORES_BUSY = (1, 2, 3)              # busy processes of the core-sharing measurements
 CORES_REPEATS = 2
+# Timed blocks (>= 50 ms each, measure/runs/compute.py) per core-sharing run: >= 2.4 s of
+# timing. This VM's speed switches between phases every second or two (2026-12-06, one
+# process alone, blocks of 25 steps: transformer-small 38-40 or 50-54 ms a step, mlp 13-19,
+# cnn-small 20-28), and 8 blocks (0.3-0.7 s) caught one phase: report 44's set A timed the
+# transformer at 35-42 ms where set B's runs computed 57-66 (docs/model.md).
+CORES_TIMED_REPEATS = 48
 DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
 FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copies weigh most in
@@ -120,6 +128,7 @@ class SuiteSize:
     second_ddp: bool
     cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
     cores_workloads: int            # how many workloads get them (compute.by_workload)
+    cores_timed_repeats: int        # timed blocks per core-sharing run
     fsdp_repeats: int               # FSDP runs for compute.copy_GBps (CPU, >= 2 ranks)
 
 
@@ -127,12 +136,13 @@ FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, i
                  collective_repeats=1, collective_launches=COLLECTIVE_LAUNCHES,
                  compute_repeats=8,
                  compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
-                 cores_repeats=CORES_REPEATS, cores_workloads=3, fsdp_repeats=FSDP_REPEATS)
+                 cores_repeats=CORES_REPEATS, cores_workloads=3,
+                 cores_timed_repeats=CORES_TIMED_REPEATS, fsdp_repeats=FSDP_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, collective_launches=1, compute_repeats=5,
                   compute_workloads=2, steps=8,
                   ddp_repeats=2, second_ddp=False, cores_repeats=1, cores_workloads=1,
-                  fsdp_repeats=0)
+                  cores_timed_repeats=5, fsdp_repeats=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,7 +283,8 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                     add(f"cores-{w}-{busy}",
                         f"compute {w} in {busy} processes at once ({r} of {size.cores_repeats})",
                         compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
-                                       repeats=size.compute_repeats, warmup=3, concurrent=busy,
+                                       repeats=size.cores_timed_repeats, warmup=3,
+                                       concurrent=busy,
                                        **common), r, oversubscribe=True, optional=True)
     return _interleave_training(out, f"ddp-{names[0]}")
 
@@ -352,7 +363,9 @@ def comparable(config: dict[str, Any]) -> str:
     the round trip is off); and a collectives launch of several sweeps stands for one of a
     single sweep (stores from before the launches were spread over the suite); and ping-pong
     left out of the op list, so a launch stored before it joined the sweep still stands for
-    one (the calibration then has no p2p fit, and messages use the collective fit)."""
+    one (the calibration then has no p2p fit, and messages use the collective fit); and a
+    core-sharing run's count of timed blocks left out, so one timed shorter (set A before
+    session 29: 8 blocks) stands for one timed longer (`CORES_TIMED_REPEATS`)."""
     clean = json.loads(json.dumps(config))
     if clean.get("kind") == "collectives" and isinstance(clean.get("ops"), list):
         # several sweeps in one launch stand for one (the op list repeated: A, B, A, B)
@@ -360,6 +373,10 @@ def comparable(config: dict[str, Any]) -> str:
     clean.pop("oversubscribed", None)
     clean.pop("protocol", None)         # the load and pinning a run saw (measure/protocol.py)
     ((clean.get("options") or {}).get("ps") or {}).pop("eval_every", None)
+    compute = (clean.get("options") or {}).get("compute") or {}
+    if compute.get("concurrent"):               # compute_config also keeps it as "steps"
+        compute.pop("repeats", None)
+        clean.pop("steps", None)
     return json.dumps(clean, sort_keys=True)
 
 

@@ -44,6 +44,7 @@ NOISY_IQR_FRACTION = 0.10       # warn when IQR/median exceeds this (torch.utils
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 3
 DEFAULT_MIN_BLOCK_S = 0.005
+CONCURRENT_MIN_BLOCK_S = 0.05           # a concurrent run's block of whole steps
 
 
 def time_per_run(fn: Callable[[], Any], *, repeats: int, warmup: int, min_block_s: float,
@@ -149,7 +150,7 @@ def run_concurrent(ctx: RunContext, settings) -> None:
         dist.barrier()                  # start together: the steps overlap
     load_before = os.getloadavg()[0]
     walls = time_per_run(step, repeats=repeats, warmup=int(options.get("warmup", DEFAULT_WARMUP)),
-                         min_block_s=float(options.get("min_block_s", 0.05)),
+                         min_block_s=float(options.get("min_block_s", CONCURRENT_MIN_BLOCK_S)),
                          cuda=ctx.device.startswith("cuda"))
     median_s, iqr_s = median_iqr(walls)
     cpu_s, _ = median_iqr(cpu[-max(repeats, 1):])
