@@ -101,7 +101,8 @@ CORES_REPEATS = 2
 # timing. This VM's speed switches between phases every second or two (2026-12-06, one
 # process alone, blocks of 25 steps: transformer-small 38-40 or 50-54 ms a step, mlp 13-19,
 # cnn-small 20-28), and 8 blocks (0.3-0.7 s) caught one phase: report 44's set A timed the
-# transformer at 35-42 ms where set B's runs computed 57-66 (docs/model.md).
+# transformer at 35-42 ms where set B's runs computed 57-66 (docs/model.md). Report 45: the
+# rounds still differ (37 vs 51 ms at 1 busy): phases also last minutes, which this does not fix.
 CORES_TIMED_REPEATS = 48
 DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
