@@ -42,7 +42,9 @@ it feeds (calibration/from_store.py):
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose. Each is
   timed `CORES_TIMED_REPEATS` blocks of >= 50 ms: long enough to span the host's speed
-  phases (since session 29; 8 blocks before, about 0.3-0.7 s, caught one phase).
+  phases (since session 29; 8 blocks before, about 0.3-0.7 s, caught one phase). The
+  1-process timings run once more at the very end of set A (`CORES_LATE_ROUND`, full suite):
+  the phases also last minutes, and those timings set one process's speed for every row.
 
 The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
 alternate with the other training runs (ddp 1, ddp mlp, ddp 2, ps, ddp 3) instead of running
@@ -104,6 +106,15 @@ CORES_REPEATS = 2
 # transformer at 35-42 ms where set B's runs computed 57-66 (docs/model.md). Report 45: the
 # rounds still differ (37 vs 51 ms at 1 busy): phases also last minutes, which this does not fix.
 CORES_TIMED_REPEATS = 48
+# The 1-process timings once more after the training runs, the last of set A: the rounds above
+# lie within a few minutes near set A's start, and the whole-step factor (one process's speed,
+# which every real row's compute scales with) is fitted on them alone. This host's phases
+# also last minutes: in the set A's of reports 31-45 the mean 1-process mlp step (11.6-21.5
+# ms) tracked the mean error of that report's real mlp rows (correlation 0.70; -10 % to +10 %),
+# set B's medians spanning ~50 minutes. A third sample, ~10 minutes after the first two and
+# next to set B in time, spreads the factor's samples over all of set A (docs/model.md
+# "Set A's one-process timings spread over its time (report 46)").
+CORES_LATE_ROUND = True
 DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
 FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copies weigh most in
@@ -287,7 +298,16 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                                        repeats=size.cores_timed_repeats, warmup=3,
                                        concurrent=busy,
                                        **common), r, oversubscribe=True, optional=True)
-    return _interleave_training(out, f"ddp-{names[0]}")
+    late: list[Measurement] = []
+    if kind == "cpu" and CORES_LATE_ROUND and not quick:
+        r = size.cores_repeats + 1
+        for w in names[:min(size.cores_workloads, size.compute_workloads)]:
+            add(f"cores-{w}-1", f"compute {w} in 1 process alone, after the training runs",
+                compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
+                               repeats=size.cores_timed_repeats, warmup=3, concurrent=1,
+                               **common), r, oversubscribe=True, optional=True)
+            late.append(out.pop())
+    return _interleave_training(out, f"ddp-{names[0]}") + tuple(late)
 
 
 def timed_wait_config(workload: str, batch_size: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def cores_runs(quick: bool = False):
 
 def test_every_core_sharing_run_times_at_least_a_phase_period():
     runs = cores_runs()
-    assert len(runs) == 18                          # 3 workloads x 1, 2, 3 busy x 2 rounds
+    assert len(runs) == 21          # 3 workloads x 1, 2, 3 busy x 2 rounds, + 1 busy at the end
     for m in runs:
         compute = m.config["options"]["compute"]
         min_block = compute.get("min_block_s", CONCURRENT_MIN_BLOCK_S)
@@ -57,3 +57,21 @@ def test_the_committed_set_a_of_report_44_is_still_complete():
                                         any_host=True)
     assert found.suite == "full" and not found.missing
     assert len(found.ids) == 41
+
+
+def test_one_process_timings_close_set_a_after_every_training_run():
+    """The whole-step factor's samples span set A: each workload's 1-process timing runs once
+    more after the last training run (suite.py CORES_LATE_ROUND), as a measurement of its own
+    (a round-1 run cannot stand for it), optional so that older set A's stay complete."""
+    suite = build_suite("cpu", suite="local")
+    last_training = max(i for i, m in enumerate(suite) if m.config["kind"] != "compute"
+                        and m.config["kind"] != "collectives")
+    late = [m for m in suite[last_training + 1:]]
+    assert sorted(m.config["workload"] for m in late) == sorted(
+        ("cnn-small", "mlp", "transformer-small"))
+    for m in late:
+        assert m.config["options"]["compute"]["concurrent"] == 1 and m.optional
+        [first] = [x for x in suite if x.key == m.key.rsplit("-", 1)[0] + "-1"]
+        assert comparable(first.config) != comparable(m.config)
+    assert not [m for m in build_suite("cpu", suite="local", quick=True)
+                if m.label.endswith("after the training runs")]
