@@ -43,7 +43,7 @@ it feeds (calibration/from_store.py):
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose. Each is
   timed `CORES_TIMED_REPEATS` blocks of >= 50 ms: long enough to span the host's speed
   phases (since session 29; 8 blocks before, about 0.3-0.7 s, caught one phase). The
-  1-process timings run once more at the very end of set A (`CORES_LATE_ROUND`, full suite):
+  1-process timings run once more at the very end of set A (`cores_late_round`, full suite):
   the phases also last minutes, and those timings set one process's speed for every row.
 
 The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
@@ -113,8 +113,7 @@ CORES_TIMED_REPEATS = 48
 # ms) tracked the mean error of that report's real mlp rows (correlation 0.70; -10 % to +10 %),
 # set B's medians spanning ~50 minutes. A third sample, ~10 minutes after the first two and
 # next to set B in time, spreads the factor's samples over all of set A (docs/model.md
-# "Set A's one-process timings spread over its time (report 46)").
-CORES_LATE_ROUND = True
+# "Set A's one-process timings spread over its time (report 46)"). Full suite only.
 DDP_REPEATS = 3
 PS_REPEATS = 2                      # full suite: 1-worker PS runs of each of two workloads
 FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copies weigh most in
@@ -141,6 +140,7 @@ class SuiteSize:
     cores_repeats: int              # rounds of the 1, 2, 3-process compute timings (CPU)
     cores_workloads: int            # how many workloads get them (compute.by_workload)
     cores_timed_repeats: int        # timed blocks per core-sharing run
+    cores_late_round: bool          # the 1-process timings once more at set A's end (CPU)
     fsdp_repeats: int               # FSDP runs for compute.copy_GBps (CPU, >= 2 ranks)
 
 
@@ -149,12 +149,13 @@ FULL = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 256 * 2**20}, factor=2, i
                  compute_repeats=8,
                  compute_workloads=3, steps=15, ddp_repeats=DDP_REPEATS, second_ddp=True,
                  cores_repeats=CORES_REPEATS, cores_workloads=3,
-                 cores_timed_repeats=CORES_TIMED_REPEATS, fsdp_repeats=FSDP_REPEATS)
+                 cores_timed_repeats=CORES_TIMED_REPEATS, cores_late_round=True,
+                 fsdp_repeats=FSDP_REPEATS)
 QUICK = SuiteSize(max_bytes={"cpu": 16 * 2**20, "cuda": 64 * 2**20}, factor=4, iters=5,
                   collective_repeats=2, collective_launches=1, compute_repeats=5,
                   compute_workloads=2, steps=8,
                   ddp_repeats=2, second_ddp=False, cores_repeats=1, cores_workloads=1,
-                  cores_timed_repeats=5, fsdp_repeats=0)
+                  cores_timed_repeats=5, cores_late_round=False, fsdp_repeats=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,26 +289,27 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
         add(f"ps-crowded-{w}", f"ps async {w}, {workers} timed-wait workers + server on "
             f"{ranks} cores", config | timed_wait_config(w, int(config["batch_size"])),
             oversubscribe=True, optional=True)
+    cores_names = names[:min(size.cores_workloads, size.compute_workloads)]
+
+    def cores(w: str, busy: int) -> dict:
+        return compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
+                              repeats=size.cores_timed_repeats, warmup=3, concurrent=busy,
+                              **common)
     if kind == "cpu":       # every compute workload's own: their working sets differ
         for r in range(1, size.cores_repeats + 1):
-            for w in names[:min(size.cores_workloads, size.compute_workloads)]:
+            for w in cores_names:
                 for busy in CORES_BUSY:
                     add(f"cores-{w}-{busy}",
                         f"compute {w} in {busy} processes at once ({r} of {size.cores_repeats})",
-                        compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
-                                       repeats=size.cores_timed_repeats, warmup=3,
-                                       concurrent=busy,
-                                       **common), r, oversubscribe=True, optional=True)
-    late: list[Measurement] = []
-    if kind == "cpu" and CORES_LATE_ROUND and not quick:
-        r = size.cores_repeats + 1
-        for w in names[:min(size.cores_workloads, size.compute_workloads)]:
+                        cores(w, busy), r, oversubscribe=True, optional=True)
+    ordered = _interleave_training(out, f"ddp-{names[0]}")
+    if kind == "cpu" and size.cores_late_round:     # last: after every training run
+        out.clear()
+        for w in cores_names:
             add(f"cores-{w}-1", f"compute {w} in 1 process alone, after the training runs",
-                compute_config(workload=w, batch_sizes=[load_workload(w).batch_size],
-                               repeats=size.cores_timed_repeats, warmup=3, concurrent=1,
-                               **common), r, oversubscribe=True, optional=True)
-            late.append(out.pop())
-    return _interleave_training(out, f"ddp-{names[0]}") + tuple(late)
+                cores(w, 1), size.cores_repeats + 1, oversubscribe=True, optional=True)
+        ordered += tuple(out)
+    return ordered
 
 
 def timed_wait_config(workload: str, batch_size: int) -> dict[str, Any]:

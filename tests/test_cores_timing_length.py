@@ -61,16 +61,18 @@ def test_the_committed_set_a_of_report_44_is_still_complete():
 
 def test_one_process_timings_close_set_a_after_every_training_run():
     """The whole-step factor's samples span set A: each workload's 1-process timing runs once
-    more after the last training run (suite.py CORES_LATE_ROUND), as a measurement of its own
-    (a round-1 run cannot stand for it), optional so that older set A's stay complete."""
+    more after the last training run (suite.py `cores_late_round`), as a measurement of its
+    own (a round-1 run cannot stand for it), optional so that older set A's stay complete."""
     suite = build_suite("cpu", suite="local")
-    last_training = max(i for i, m in enumerate(suite) if m.config["kind"] != "compute"
-                        and m.config["kind"] != "collectives")
-    late = [m for m in suite[last_training + 1:]]
+    last_training = max(i for i, m in enumerate(suite)
+                        if m.config["kind"] in ("ddp", "fsdp", "ps"))
+    late = suite[last_training + 1:]
     assert sorted(m.config["workload"] for m in late) == sorted(
         ("cnn-small", "mlp", "transformer-small"))
     for m in late:
         assert m.config["options"]["compute"]["concurrent"] == 1 and m.optional
+        assert m.config["calibration"] == {"suite": "local", "item": m.key.rsplit("-", 1)[0],
+                                           "repeat": 3}
         [first] = [x for x in suite if x.key == m.key.rsplit("-", 1)[0] + "-1"]
         assert comparable(first.config) != comparable(m.config)
     assert not [m for m in build_suite("cpu", suite="local", quick=True)
