@@ -13,6 +13,10 @@ on the server's link, α + n·β(n) (perfmodel/sim/collectives.py `link_transfer
   gradient it has just received and copies its parameters out for the reply, and on this
   machine that took 4.1 ms an update for the mlp where the compute suite's optimizer step
   took 1.9 ms (and 1.35 against 0.35 ms for cnn-small: a fixed part per update, not a rate).
+- `fit_server_messages`: the same server's one push received and one reply sent, each
+  latency + bytes / rate, from the 1-worker runs of >= 2 workloads: `[server.push]`,
+  `[server.reply]`. The ping-pong fit does not stand for them: on this host a push took
+  about 1.5x a ping-pong message of its size, a reply 1.0-1.5x (set A's of reports 31-46).
 - `fit_push_link`: a full α–β fit of the server's link from pushes of >= 3 sizes, the same
   fit as a ping-pong sweep (calibration/fit_network.py, `LinkFit.p2p`).
 - `fit_push_rate`: with pushes of one size (one model), the rate left once α (from the
@@ -42,20 +46,41 @@ def fit_server_update(update_bytes: Sequence[float], update_s: Sequence[float]
     """(server.update.latency_us, server.update.bandwidth_GBps): update_s ≈ latency +
     bytes / bandwidth, least squares in relative error (calibration/fit.py), from updates
     of at least 2 gradient sizes. A latency that cannot be told from 0 is fixed at 0."""
-    nbytes = check_measurements(update_bytes, "update bytes")
-    seconds = check_measurements(update_s, "update seconds")
+    return fit_latency_rate("server.update", update_bytes, update_s, "updates",
+                            "two workloads' PS runs")
+
+
+def fit_server_messages(push_bytes: Sequence[float], push_s: Sequence[float],
+                        reply_bytes: Sequence[float], reply_s: Sequence[float]
+                        ) -> tuple[tuple[FitResult, FitResult], tuple[FitResult, FitResult]]:
+    """((server.push latency_us, bandwidth_GBps), (server.reply ...)): a serial server's
+    one message each way as latency + bytes / rate, as `fit_server_update`, from the
+    1-worker PS runs of >= 2 workloads (calibration/from_store.py `_server_messages`)."""
+    return (fit_latency_rate("server.push", push_bytes, push_s, "pushes",
+                             "two workloads' 1-worker PS runs"),
+            fit_latency_rate("server.reply", reply_bytes, reply_s, "replies",
+                             "two workloads' 1-worker PS runs"))
+
+
+def fit_latency_rate(name: str, nbytes_: Sequence[float], seconds_: Sequence[float],
+                     what: str, source: str) -> tuple[FitResult, FitResult]:
+    """(<name>.latency_us, <name>.bandwidth_GBps): seconds ≈ latency + bytes / bandwidth,
+    least squares in relative error, from >= 2 sizes; a latency that cannot be told from 0
+    is fixed at 0."""
+    nbytes = check_measurements(nbytes_, f"{what} bytes")
+    seconds = check_measurements(seconds_, f"{what} seconds")
     _same_length(nbytes, seconds)
     if np.unique(nbytes).size < 2:
-        raise PerfmodelError(f"server.update: needs updates of >= 2 gradient sizes (two "
-                             f"workloads' PS runs), found {np.unique(nbytes).size}")
+        raise PerfmodelError(f"{name}: needs {what} of >= 2 sizes ({source}), found "
+                             f"{np.unique(nbytes).size}")
     fit = relative_lstsq(np.column_stack([np.ones_like(nbytes), nbytes]), seconds, zero_ok=(0,))
     latency, per_byte = fit.coef
     if per_byte <= 0:
-        raise PerfmodelError(f"server.update: the fit gives {per_byte:.3g} s/byte from "
-                             f"{nbytes.size} runs: larger gradients did not take longer; "
+        raise PerfmodelError(f"{name}: the fit gives {per_byte:.3g} s/byte from "
+                             f"{nbytes.size} runs: larger {what} did not take longer; "
                              f"measure again")
-    return (fit_result("server.update.latency_us", latency * 1e6, fit.stderr[0] * 1e6, fit.rel),
-            fit_result("server.update.bandwidth_GBps", 1.0 / per_byte / 1e9,
+    return (fit_result(f"{name}.latency_us", latency * 1e6, fit.stderr[0] * 1e6, fit.rel),
+            fit_result(f"{name}.bandwidth_GBps", 1.0 / per_byte / 1e9,
                        fit.stderr[1] / per_byte**2 / 1e9, fit.rel))
 
 

@@ -27,13 +27,15 @@ What each kind of run (measure/store.py) feeds:
   factor against the wall-time ratios (calibration/fit_cores.py); the profile's
   topology.compute_cpu_cores_per_node is the host's core count.
 - ps: on a CPU host, the serial server's own time per update (apply + pack, recorded at the
-  server) from two workloads' 1-worker runs: `[server.update]` (`_server_update`). Then
-  checks: the round trip a worker waits (push + apply + pull) against the model's parts alone
-  (`ps_round_trip_unshared_s`: the two transfers on the fitted link and the apply as the
-  simulation charges it, perfmodel/sim/ps.py `server_apply_s`, with no core sharing; with
-  server.update fitted on these very runs it tests the two transfers) — and each rank's
+  server) from two workloads' 1-worker runs: `[server.update]` (`_server_update`); from the
+  same runs its one push and one reply, each latency + bytes / rate: `[server.push]`,
+  `[server.reply]` (`_server_messages`; a push took ~1.5x a ping-pong message of its size
+  here). Then checks: the round trip a worker waits (push + apply + pull) against the
+  model's parts alone (`ps_round_trip_unshared_s`, with no core sharing) where the messages
+  were not fitted (where they were, it is in-sample and left out) — and each rank's
   measured peak against perfmodel/memory.py ps_memory. The self-check below predicts the same
-  runs with the whole simulation, sharing included.
+  runs with the whole simulation, sharing included (in-sample where the messages were
+  fitted: it says so).
 - a check with a stated tolerance that misses it says so loudly: a note starting
   CHECK_FAILED in the profile's [calibration] notes, which `perfmodel calibrate` also
   prints to stderr.
@@ -79,7 +81,7 @@ from calibration.fit_cores import (
 )
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
-from calibration.fit_ps import fit_server_apply, fit_server_update
+from calibration.fit_ps import fit_server_apply, fit_server_messages, fit_server_update
 from calibration.hardware import detect, shipped_profile
 from calibration.pool import ID_STRIDE, SAME_MACHINE_RATIO, PooledStore
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
@@ -97,12 +99,11 @@ from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, pa
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
 from perfmodel.sim import psnet
-from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import ps_worker_seconds, unit_times, weights_streamed_s
 from perfmodel.sim.cores import own_work_s_per_byte
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
 from perfmodel.sim.fsdp import FSDP, copy_bytes, divide_bytes
-from perfmodel.sim.ps import server_apply_s
+from perfmodel.sim.ps import message_s, server_apply_s
 from perfmodel.sim.scenario import Scenario
 from perfmodel.sim.strategy import make_strategy
 from perfmodel.workload import Workload, load_workload
@@ -253,6 +254,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     server_update = _server_update(by_kind["ps"], base_cluster, notes)
     if server_update is not None:
         fits = dataclasses.replace(fits, server_update=server_update)
+    server_messages = _server_messages(by_kind["ps"], base_cluster, notes)
+    if server_messages is not None:
+        fits = dataclasses.replace(fits, server_messages=server_messages)
+    if server_update is not None or server_messages is not None:
         stage1 = dataclasses.replace(stage1, server=_as_cluster(base_cluster, fits).server)
     checks |= _ps_checks(by_kind["ps"], stage1, base_cluster)
     ps_extra = _ps_worker_extra(by_kind["ps"], stage1, notes)
@@ -376,8 +381,12 @@ def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
     for c in found:
         worst = max(c.components, key=lambda x: abs(x.error_rel), default=None)
         if worst is not None and not c.flagged:
-            fitted = ("its server update and worker compute are fitted from it, its round "
-                      "trip is not" if c.label.startswith("ps ") else "not fitted")
+            fitted = "not fitted"
+            if c.label.startswith("ps "):
+                fitted = ("its server update, messages and worker compute are fitted from it: "
+                          "in-sample" if cluster.server.push_GBps is not None else
+                          "its server update and worker compute are fitted from it, its "
+                          "round trip is not")
             notes.append(f"self-check passed on run {c.run_id} ({c.label}, {fitted}): "
                          f"every component within tolerance, the largest error "
                          f"{worst.component} {worst.error_rel:+.0%}")
@@ -811,6 +820,51 @@ def _server_update(runs, base: ClusterProfile, notes: list[str]):
         return None
 
 
+def _server_messages(runs, base: ClusterProfile, notes: list[str]):
+    """A serial CPU-host server's one push received and one reply sent (calibration/fit_ps.py
+    `fit_server_messages`) from the 1-worker PS runs of >= 2 workloads, their steady steps:
+    a reply is the server's own median reply time; a push is what is left of the worker's
+    median round trip (push to reply held) once the server's median apply, pack and reply
+    are taken off - with one worker nothing queues, so that is the push and the reply's
+    arrival at the worker. None on GPUs or without such runs, with a note."""
+    if not psnet.serial_server(base) or not runs:
+        return None
+    push_bytes, push_s, reply_bytes, reply_s = [], [], [], []
+    for r in runs:
+        if int(r.row.workers) != 1:
+            continue
+        w = load_workload(r.row.workload)
+        warm = int(r.row.config.get("warmup_steps") or 0)
+        updates = [u for u in r.table("updates") if int(u["step"]) >= warm
+                   and all(u.get(k) is not None for k in ("apply_s", "pack_s", "reply_s"))]
+        waits = [float(s["comm_wait_s"]) for s in r.table("steps") if int(s["step"]) >= warm]
+        if not updates or not waits:
+            continue
+        reply = float(np.median([float(u["reply_s"]) for u in updates]))
+        server = float(np.median([float(u["apply_s"]) + float(u["pack_s"]) + float(u["reply_s"])
+                                  for u in updates]))
+        push = float(np.median(waits)) - server
+        if push <= 0:
+            notes.append(f"server.push not fitted: run {r.row.id}'s round trip "
+                         f"({np.median(waits) * 1e3:.2f} ms) is not longer than its server's "
+                         f"apply, pack and reply ({server * 1e3:.2f} ms); measure again")
+            return None
+        push_bytes.append(w.params * w.precision_spec.grad_bytes)
+        push_s.append(push)
+        reply_bytes.append(w.params * w.precision_spec.param_bytes)
+        reply_s.append(reply)
+    if len(set(push_bytes)) < 2:
+        notes.append(f"server.push and server.reply not fitted: they need the 1-worker PS runs "
+                     f"of >= 2 workloads, found {len(set(push_bytes))} (`perfmodel calibrate` "
+                     f"runs ps-cnn-small and ps-mlp); the server's link carries its messages")
+        return None
+    try:
+        return fit_server_messages(push_bytes, push_s, reply_bytes, reply_s)
+    except PerfmodelError as e:
+        notes.append(f"server.push and server.reply not fitted: {e}")
+        return None
+
+
 def _mean_compute_s(run) -> float | None:
     """A real-compute run's mean timed compute a step (warm-up steps left out); None for a
     timed wait or a run without timed steps."""
@@ -948,12 +1002,13 @@ def _ps_checks(runs, cluster: ClusterProfile, base: ClusterProfile) -> dict[str,
     for r in runs:
         w: Workload = load_workload(r.row.workload)
         waits = [float(s["comm_wait_s"]) for s in r.table("steps")]
-        link = getattr(cluster, cluster.server.link).point_to_point()   # one-way messages
-        if waits and int(r.row.workers) == 1:        # alone: no queue at the server
+        # alone: no queue at the server. Where the server's messages were fitted on these
+        # runs (`_server_messages`) the round trip is in-sample: no check.
+        if waits and int(r.row.workers) == 1 and cluster.server.push_GBps is None:
             # the apply as the simulation charges it (perfmodel/sim/ps.py): the workload's
             # optimizer over the one server's parameters, all of them, and a CPU host's pack
-            model = (link_transfer_s(link, w.param_bytes)
-                     + link_transfer_s(link, w.params * w.precision_spec.grad_bytes)
+            model = (message_s(cluster, "pull", w.param_bytes)
+                     + message_s(cluster, "push", w.params * w.precision_spec.grad_bytes)
                      + server_apply_s(cluster, w, w.params))
             # "unshared": the transfers and the apply alone, each at its fitted speed, no
             # core sharing; the self-check (calibration/selfcheck.py) predicts the same run

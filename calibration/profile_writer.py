@@ -86,6 +86,9 @@ class MeasuredFits:
     by_workload: tuple[WorkloadFits, ...] = ()
     # CPU hosts: the serial server's own time per update (latency_us, bandwidth_GBps)
     server_update: tuple[FitResult, FitResult] | None = None
+    # CPU hosts: its one push received and one reply sent, each (latency_us, bandwidth_GBps)
+    server_messages: tuple[tuple[FitResult, FitResult], tuple[FitResult, FitResult]] | None \
+        = None
     # CPU hosts: a PS worker's compute beyond the model's, per workload (parameter
     # "compute.ps_worker_extra_ms.<workload>", value in ms)
     ps_worker_extra: tuple[FitResult, ...] = ()
@@ -228,15 +231,20 @@ def _sharing_curve(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
 
 
 def _server_update_table(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
-    """[server.update]: fitted, else the base profile's where it has one, else none."""
-    if fits.server_update is not None:
-        latency, rate = fits.server_update
-        return {"update": {"latency_us": max(latency.value, 0.0),
-                           "bandwidth_GBps": rate.value}}
-    if base.server.update_GBps is not None:
-        return {"update": {"latency_us": base.server.update_latency_us or 0.0,
-                           "bandwidth_GBps": base.server.update_GBps}}
-    return {}
+    """[server.update], [server.push], [server.reply]: each fitted, else the base profile's
+    where it has one, else none."""
+    fitted = {"update": fits.server_update}
+    if fits.server_messages is not None:
+        fitted |= {"push": fits.server_messages[0], "reply": fits.server_messages[1]}
+    out: dict[str, Any] = {}
+    for name in ("update", "push", "reply"):
+        if fitted.get(name) is not None:
+            latency, rate = fitted[name]
+            out[name] = {"latency_us": max(latency.value, 0.0), "bandwidth_GBps": rate.value}
+        elif getattr(base.server, f"{name}_GBps") is not None:
+            out[name] = {"latency_us": getattr(base.server, f"{name}_latency_us") or 0.0,
+                         "bandwidth_GBps": getattr(base.server, f"{name}_GBps")}
+    return out
 
 
 def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
@@ -268,6 +276,9 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
     if fits.server_update is not None:
         measured.append("server.update")
         results += list(fits.server_update)
+    if fits.server_messages is not None:
+        measured += ["server.push", "server.reply"]
+        results += [r for pair in fits.server_messages for r in pair]
     if fits.by_workload:
         measured.append("compute.by_workload")
         results += [r for w in fits.by_workload for r in (w.whole_step_factor, w.core_contention)]

@@ -276,6 +276,24 @@ class Server:
     # None where not measured: the workload's optimizer step and the pack stand for it.
     update_latency_us: float | None = None
     update_GBps: float | None = None
+    # The same server's one message each way, as measured on the 1-worker PS runs
+    # (calibration/from_store.py `_server_messages`): a push the server receives from any
+    # worker and a reply it sends, each latency + bytes / rate. On this host a push took
+    # 1.5x a ping-pong message of its size (gloo's receive from any source), so the p2p fit
+    # does not stand for them. None where not measured: the server's link carries them.
+    push_latency_us: float | None = None
+    push_GBps: float | None = None
+    reply_latency_us: float | None = None
+    reply_GBps: float | None = None
+
+    def message_s(self, kind: str, nbytes: float) -> float | None:
+        """Seconds one `kind` ("push" or "pull") message of `nbytes` holds the server where
+        measured; None where not (the link's fit decides)."""
+        latency_us, rate = ((self.push_latency_us, self.push_GBps) if kind == "push"
+                            else (self.reply_latency_us, self.reply_GBps))
+        if rate is None:
+            return None
+        return (latency_us or 0.0) * 1e-6 + nbytes / (rate * 1e9)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -458,12 +476,15 @@ def _link(f: Fields, nested: bool = False) -> Link:
 
 
 def _server_update(srv: Fields) -> dict[str, float]:
-    """[server.update] (optional): latency_us >= 0 and bandwidth_GBps > 0, both or neither."""
-    if not srv.has("update"):
-        return {}
-    u = srv.table("update")
-    return {"update_latency_us": u.number("latency_us", minimum=0.0),
-            "update_GBps": u.number("bandwidth_GBps", positive=True)}
+    """[server.update], [server.push] and [server.reply] (each optional): latency_us >= 0 and
+    bandwidth_GBps > 0, both or neither."""
+    out = {}
+    for name in ("update", "push", "reply"):
+        if srv.has(name):
+            u = srv.table(name)
+            out |= {f"{name}_latency_us": u.number("latency_us", minimum=0.0),
+                    f"{name}_GBps": u.number("bandwidth_GBps", positive=True)}
+    return out
 
 
 def parse_profile(data: dict, path: Path) -> ClusterProfile:

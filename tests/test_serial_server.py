@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfmodel.sim import psnet
-from perfmodel.sim.ps import SSPPS, AsyncPS, _PSRun
+from perfmodel.sim.ps import SSPPS, AsyncPS, SyncPS, _PSRun, server_pass_s
 from perfmodel.sim.scenario import Scenario
 from tests.test_sim_ps import WORKLOAD, cluster
 
@@ -159,3 +159,19 @@ def test_a_serial_servers_message_moves_only_when_both_sides_are_free():
         assert run.link_free[into] == pytest.approx(2 * carry_s, rel=TOL)
         sender_done = run.link_free[out]
         assert sender_done == pytest.approx(2 * carry_s if serial else carry_s, rel=TOL)
+
+
+def test_a_serial_sync_server_sums_a_steps_first_push_for_free():
+    # measure/runs/ps.py serve_sync receives a step's first push into the sum and adds each
+    # later one: with one worker there is no pass at all, so a synchronous step takes what
+    # an asynchronous one does (push, apply, reply), and with N workers N - 1 passes
+    one = scenario(1, steps=6, cluster=serial_cluster(apply_GBps=0.5))
+    sync_steps = [s.end_s - s.start_s for s in SyncPS().simulate(one).steps]
+    async_steps = [s.end_s - s.start_s for s in AsyncPS().simulate(one).steps]
+    assert sync_steps == pytest.approx(async_steps, rel=TOL)
+    fast_links = serial_cluster(link_GBps=1e6, apply_GBps=0.5)      # transfers ~ 0
+    step = {n: SyncPS().simulate(scenario(n, steps=6, cluster=fast_links)).steps[-1]
+            for n in (1, 3)}
+    passes = (step[3].end_s - step[3].start_s) - (step[1].end_s - step[1].start_s)
+    assert passes == pytest.approx(2 * server_pass_s(fast_links, WORKLOAD, WORKLOAD.params),
+                                   rel=1e-3)

@@ -31,7 +31,7 @@ def test_the_fit_recovers_latency_and_rate_from_two_sizes():
 
 
 def test_the_fit_refuses_one_size_and_a_rate_that_is_not_one():
-    with pytest.raises(PerfmodelError, match=">= 2 gradient sizes"):
+    with pytest.raises(PerfmodelError, match=">= 2 sizes"):
         fit_server_update([1e6, 1e6], [1e-3, 2e-3])
     with pytest.raises(PerfmodelError, match="did not take longer"):
         fit_server_update([1e6, 1e7], [3e-3, 1e-3])

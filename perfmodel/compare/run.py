@@ -42,7 +42,6 @@ from perfmodel.compare.protocol import (
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
 from perfmodel.sim import ps as ps_sim
-from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.uncertainty import CalibrationErrors, interval_for, median_of_runs_interval
 
 TIMELINE_STEPS = 2          # steady steps drawn in the timeline figure
@@ -155,11 +154,10 @@ def model_server_phases(p: Prediction) -> dict[str, float]:
     push's and a pull's one-way transfer on the server's link (perfmodel/sim/psnet.py:
     point to point), and the apply with its pack (perfmodel/sim/ps.py `server_apply_s`)."""
     cluster, wl = p.scenario.cluster, p.scenario.workload
-    link = getattr(cluster, cluster.server.link).point_to_point()
-    return {"recv_s": link_transfer_s(link, wl.params * wl.precision_spec.grad_bytes),
+    return {"recv_s": ps_sim.message_s(cluster, "push", wl.params * wl.precision_spec.grad_bytes),
             "update_s": ps_sim.server_apply_s(cluster, wl, wl.params),
             # a synchronous server replies to each of its workers in turn, per version
-            "reply_s": link_transfer_s(link, wl.params * wl.precision_spec.param_bytes)
+            "reply_s": ps_sim.message_s(cluster, "pull", wl.params * wl.precision_spec.param_bytes)
             * (p.scenario.workers if strategy_records.get(p.strategy).synchronous else 1)}
 
 

@@ -99,6 +99,7 @@ from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown
 from perfmodel.sim import cores, psnet
+from perfmodel.sim.collectives import link_transfer_s
 from perfmodel.sim.compute import (
     StepNoise,
     optimizer_seconds,
@@ -318,6 +319,16 @@ def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
     return optimizer_seconds(cluster, wl, share_params / wl.params) + pack_s + extra
 
 
+def message_s(cluster: ClusterProfile, kind: str, nbytes: float) -> float:
+    """One `kind` ("push" or "pull") message of `nbytes` between a worker and a server, alone
+    (no queue, no core sharing): a serial server's as measured at it where calibration did
+    (cluster.Server `message_s`), else a one-way transfer on the server's link."""
+    measured = cluster.server.message_s(kind, nbytes) if psnet.serial_server(cluster) else None
+    if measured is not None:
+        return measured
+    return link_transfer_s(getattr(cluster, cluster.server.link).point_to_point(), nbytes)
+
+
 class _PSRun:
     """One simulation: the servers, the network's pools, the workers' state, the records."""
 
@@ -422,6 +433,11 @@ class _PSRun:
         nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
         if r.link is None or nbytes <= 0:          # same device: no link at all
             return (None, None, 0.0, 0.0, nbytes)
+        # a serial server's messages as measured at it, where they were (cluster.Server)
+        measured = (self.cluster.server.message_s(kind, nbytes) if self.layout.serial_server
+                    else None)
+        if measured is not None:
+            return (r.pools[0], r.pools[1], measured, 0.0, nbytes)
         return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes)
 
     def send(self, w: int, i: int, kind: str, routes: list, start_s: float | None = None
@@ -550,7 +566,11 @@ class _PSRun:
                 pushed[0] = at
             busy = server.busy_until
             begin = self._after_slot(i, at if at > busy else busy)   # max(at, busy until)
-            server.busy_until = begin + self._service(server.accumulate_s)
+            # a serial server receives a step's first push into the sum itself and adds
+            # each later one (measure/runs/ps.py serve_sync): N - 1 passes for N workers
+            first_into_sum = self.layout.serial_server and server.arrived == 0
+            server.busy_until = begin + (0.0 if first_into_sum
+                                         else self._service(server.accumulate_s))
             self._hold_slot(i, server.busy_until)
             if server.spans is not None:
                 server.spans.append((begin, server.busy_until))
