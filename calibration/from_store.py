@@ -808,16 +808,10 @@ def _server_update(runs, base: ClusterProfile, notes: list[str]):
         if took:
             sizes.append(w.params * w.precision_spec.grad_bytes)
             seconds.append(float(np.median(took)))
-    if len(set(sizes)) < 2:
-        notes.append(f"server.update not fitted: it needs the server's own update timings of "
-                     f">= 2 workloads' PS runs, found {len(set(sizes))} (`perfmodel calibrate` "
-                     f"runs ps-cnn-small and ps-mlp; stores from before record none)")
-        return None
-    try:
-        return fit_server_update(sizes, seconds)
-    except PerfmodelError as e:
-        notes.append(f"server.update not fitted: {e}")
-        return None
+    return _fit_from_two_workloads(
+        "server.update", sizes, lambda: fit_server_update(sizes, seconds), notes,
+        "it needs the server's own update timings of >= 2 workloads' PS runs",
+        "stores from before record none")
 
 
 def _server_messages(runs, base: ClusterProfile, notes: list[str]):
@@ -853,15 +847,25 @@ def _server_messages(runs, base: ClusterProfile, notes: list[str]):
         push_s.append(push)
         reply_bytes.append(w.params * w.precision_spec.param_bytes)
         reply_s.append(reply)
-    if len(set(push_bytes)) < 2:
-        notes.append(f"server.push and server.reply not fitted: they need the 1-worker PS runs "
-                     f"of >= 2 workloads, found {len(set(push_bytes))} (`perfmodel calibrate` "
-                     f"runs ps-cnn-small and ps-mlp); the server's link carries its messages")
+    return _fit_from_two_workloads(
+        "server.push and server.reply", push_bytes,
+        lambda: fit_server_messages(push_bytes, push_s, reply_bytes, reply_s), notes,
+        "they need the 1-worker PS runs of >= 2 workloads",
+        "the server's link carries its messages")
+
+
+def _fit_from_two_workloads(what: str, sizes: list[float], fit: Callable[[], T],
+                            notes: list[str], needs: str, otherwise: str) -> T | None:
+    """`fit()` where the PS runs span >= 2 workloads' sizes; else None, with a note saying
+    what is missing (`needs`) and what stands in (`otherwise`)."""
+    if len(set(sizes)) < 2:
+        notes.append(f"{what} not fitted: {needs}, found {len(set(sizes))} (`perfmodel "
+                     f"calibrate` runs ps-cnn-small and ps-mlp; {otherwise})")
         return None
     try:
-        return fit_server_messages(push_bytes, push_s, reply_bytes, reply_s)
+        return fit()
     except PerfmodelError as e:
-        notes.append(f"server.push and server.reply not fitted: {e}")
+        notes.append(f"{what} not fitted: {e}")
         return None
 
 
