@@ -279,8 +279,9 @@ class Server:
     # The same server's one message each way, as measured on the 1-worker PS runs
     # (calibration/from_store.py `_server_messages`): a push the server receives from any
     # worker and a reply it sends, each latency + bytes / rate. On this host a push took
-    # 1.5x a ping-pong message of its size (gloo's receive from any source), so the p2p fit
-    # does not stand for them. None where not measured: the server's link carries them.
+    # 1.5x the ping-pong sweep's one-way time for its size (benchmarks/ps_receive.py: not
+    # the receive from any source), so the p2p fit does not stand for them. None where not
+    # measured: the server's link carries them.
     push_latency_us: float | None = None
     push_GBps: float | None = None
     reply_latency_us: float | None = None
