@@ -151,8 +151,9 @@ def staleness_intervals(points, h: HeldOut, repeats: int) -> dict[str, list[floa
 def model_server_phases(p: Prediction) -> dict[str, float]:
     """The model's counterpart of each measured server phase (matching.SERVER_PHASES) for
     one server holding the whole model, before any core-sharing stretch or queueing: a
-    push's and a pull's one-way transfer on the server's link (perfmodel/sim/psnet.py:
-    point to point), and the apply with its pack (perfmodel/sim/ps.py `server_apply_s`)."""
+    push and a pull alone (perfmodel/sim/ps.py `message_s`: a serial server's measured
+    messages, else a one-way transfer on the server's link), and the apply with its pack
+    (perfmodel/sim/ps.py `server_apply_s`)."""
     cluster, wl = p.scenario.cluster, p.scenario.workload
     return {"recv_s": ps_sim.message_s(cluster, "push", wl.params * wl.precision_spec.grad_bytes),
             "update_s": ps_sim.server_apply_s(cluster, wl, wl.params),
