@@ -2,9 +2,9 @@
 exploration for the crowded serial server (docs/model.md, "The CPU-host server's own
 messages"), not a test.
 
-Two gloo processes on loopback, one message of the mlp's gradient (13.4 MB) at a time, the
-worker sending with isend + wait as measure/runs/ps.py does. The server times its receive in
-four ways, interleaved, `REPEATS` rounds:
+Two gloo processes on loopback, one message of 13.4 MB (about the mlp's 12.9 MB gradient) at
+a time, the worker sending with isend + wait as measure/runs/ps.py does. The server times its
+receive in four ways, interleaved, `REPEATS` rounds:
 
 - ready, any: the server posts `recv(src=None)` first; the push comes 5 ms later (so the time
   is from the push's start: the receive less those 5 ms), streamed;
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-NBYTES = 13_400_000                  # the mlp's gradient, float32
+NBYTES = 13_400_000                  # about the mlp's gradient (12.9 MB, float32)
 LEAD_S, LATE_S = 0.005, 0.020
 KINDS = ("ready, any", "ready, src", "queued, any", "queued, src")
 

@@ -90,6 +90,7 @@ from calibration.selfcheck import (
     SelfCheck,
     check_run,
     is_check_run,
+    is_timed_wait,
     load_tolerances,
     measured_components,
     predicted_components,
@@ -190,8 +191,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if isinstance(store, PooledStore) and len(store.sources) > 1:
         notes.append(_one_machine(store, runs))
     by_kind: dict[str, list] = defaultdict(list)
-    timed_waits = [r for r in runs if _is_timed_wait(r)]    # only the wait's spread
-    held_back = [r for r in runs if is_check_run(r) and r not in timed_waits]
+    # timed waits: fitted for the wait's spread only; a PS one is also self-checked
+    timed_waits = [r for r in runs if is_timed_wait(r)]
+    held_back = [r for r in runs if is_check_run(r)
+                 and (r not in timed_waits or r.row.kind == "ps")]
     held_ids = {r.row.id for r in held_back}
     for r in runs:
         if r in timed_waits:
@@ -382,7 +385,9 @@ def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
         worst = max(c.components, key=lambda x: abs(x.error_rel), default=None)
         if worst is not None and not c.flagged:
             fitted = "not fitted"
-            if c.label.startswith("ps "):
+            if c.label.endswith("timed wait"):
+                fitted = "only its waits' spread is fitted from it"
+            elif c.label.startswith("ps "):
                 fitted = ("its server update, messages and worker compute are fitted from it: "
                           "in-sample" if cluster.server.push_GBps is not None else
                           "its server update and worker compute are fitted from it, its "
@@ -566,11 +571,6 @@ def _cores(runs, base: ClusterProfile, notes: list[str], checks: dict
                  f"(SD; compute.sharing_delay_cv; {delay.points} ranks with more busy "
                  f"processes than the {cores} cores)")
     return fit, delay
-
-
-def _is_timed_wait(run) -> bool:
-    """A run whose workers slept their compute (measure/timed_wait.py)."""
-    return run.row.config.get("compute_mode", "real") == "timed-wait"
 
 
 def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:

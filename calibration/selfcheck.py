@@ -37,8 +37,9 @@ import numpy as np
 from perfmodel.cluster import ClusterProfile
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import predict
+from perfmodel.sim.compute import ps_worker_seconds
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
-from perfmodel.sim.scenario import Scenario
+from perfmodel.sim.scenario import MAX_JITTER_CV, Scenario
 from perfmodel.sim.scenario import parse_speeds as scenario_speeds
 from perfmodel.workload import load_workload
 
@@ -145,6 +146,11 @@ def compare_components(predicted: Mapping[str, float], measured: Mapping[str, fl
                  for k in predicted if k in measured and measured[k] and measured[k] > 0)
 
 
+def is_timed_wait(run) -> bool:
+    """A run whose workers slept their compute (measure/timed_wait.py)."""
+    return run.row.config.get("compute_mode", "real") == "timed-wait"
+
+
 def is_check_run(run) -> bool:
     """A run no fit uses: a PS run, or one marked `role = "check"`."""
     marker = run.row.config.get("calibration") or {}
@@ -163,6 +169,8 @@ def measured_components(run) -> dict[str, float]:
 
 def predicted_components(cluster: ClusterProfile, run) -> dict[str, float]:
     strategy, options = _strategy(run.row.config)
+    if is_timed_wait(run):
+        cluster = cluster.as_timed_wait()
     p = predict(strategy, _scenario(cluster, run), **options)
     s = p.summary
     return {"step": s.step_time_s.mean, "compute": s.compute_s,
@@ -179,7 +187,8 @@ def check_run(cluster: ClusterProfile, run, tolerances: Tolerances,
                                 run_spread_cv)
     row = run.row
     label = (f"{row.kind} {row.workload}, {row.workers} worker"
-             + ("s" if (row.workers or 1) > 1 else ""))
+             + ("s" if (row.workers or 1) > 1 else "")
+             + (", timed wait" if is_timed_wait(run) else ""))
     return SelfCheck(run_id=row.id, label=label, components=checks)
 
 
@@ -209,8 +218,35 @@ def _scenario(cluster: ClusterProfile, run) -> Scenario:
     speed = c.get("speed")
     if isinstance(speed, list | tuple):
         speed = ",".join(str(v) for v in speed)
-    return Scenario(cluster=cluster, workload=load_workload(row.workload),
-                    workers=int(row.workers), batch_size=int(row.batch_size),
-                    steps=warmup + max(steps, 1), warmup_steps=warmup,
-                    speed=scenario_speeds(str(speed), int(row.workers)) if speed else (),
-                    jitter="lognormal", seed=int(c.get("seed", 0)))
+    workload, workers, batch = load_workload(row.workload), int(row.workers), int(row.batch_size)
+    speeds = scenario_speeds(str(speed), workers) if speed else ()
+    jitter, cv = "lognormal", None                  # real compute: the profile's jitter_cv
+    if is_timed_wait(run):
+        speeds, cv = _timed_wait_noise(cluster, run, workload, speeds or (1.0,) * workers)
+        jitter = "lognormal" if cv > 0 else "none"
+    return Scenario(cluster=cluster, workload=workload, workers=workers, batch_size=batch,
+                    steps=warmup + max(steps, 1), warmup_steps=warmup, speed=speeds,
+                    jitter=jitter, jitter_cv=cv if jitter != "none" else None,
+                    seed=int(c.get("seed", 0)))
+
+
+def _timed_wait_noise(cluster: ClusterProfile, run, workload, speeds: tuple[float, ...]
+                      ) -> tuple[tuple[float, ...], float]:
+    """(speeds, jitter CV) of a timed-wait PS run in the model. Its workers slept the waits
+    in its config (`compute_wait_s`: the suite's crowded run sleeps the shipped CPU profile's
+    unit times, not this profile's), so every speed is divided by the factor k by which those
+    waits exceed the model's passes: the model's wait is then the run's. The waits stray by
+    compute.timed_wait_spread_ms (fitted from this kind of run: the check's spread is
+    in-sample, its round trip is not), as perfmodel/compare/protocol.py's `scenario_for`
+    has them; a DDP/FSDP timed wait has no spread."""
+    if run.row.kind != "ps":
+        raise PerfmodelError("only a parameter-server run in a timed wait can be checked")
+    wait = run.row.config.get("compute_wait_s") or {}
+    slept = sum(map(float, wait.get("forward", ()))) + sum(map(float, wait.get("backward", ())))
+    model = ps_worker_seconds(cluster, workload, int(run.row.batch_size))
+    if not slept > 0 or not model > 0:
+        raise PerfmodelError("its config holds no compute_wait_s to sleep")
+    k = slept / model
+    spread_s = cluster.compute.timed_wait_spread_ms * 1e-3
+    return (tuple(s / k for s in speeds),
+            min(spread_s / slept, MAX_JITTER_CV) if spread_s > 0 else 0.0)

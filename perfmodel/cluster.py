@@ -7,6 +7,7 @@ which takes precedence over a shipped profile of the same name.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -405,6 +406,14 @@ class ClusterProfile:
         """A CPU host whose workers' compute is a sleep (`perfmodel compare`'s timed-wait runs,
         measure/timed_wait.py): their own CPU work is paid back from the sleeps."""
         return bool(self.compute_cpu_cores_per_node) and not self.compute_occupies_cores
+
+    def as_timed_wait(self) -> ClusterProfile:
+        """This host as a timed-wait run sees it (measure/timed_wait.py): its workers' compute
+        is a sleep, so communication cannot slow it (compute.overlap_slowdown = 1) and it
+        holds no core (`timed_wait`)."""
+        return dataclasses.replace(
+            self, compute=dataclasses.replace(self.compute, overlap_slowdown=1.0),
+            compute_occupies_cores=False)
 
     def ranks_busy(self, ranks_per_node: int) -> int:
         """Busy processes a DDP/FSDP rank computes beside: its node's ranks, or 1 where the

@@ -5,6 +5,7 @@ tolerance passes, and a run marked as the check is left out of every fit."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -184,3 +185,75 @@ def test_calibrate_table_marks_each_flagged_component(tmp_path, fixture_runs):
     assert "a run the fit did not use" in text
     round_trip = next(x for x in text.splitlines() if x.strip().startswith("ps_round_trip "))
     assert "<-- OFF" in round_trip and "x1.35 either way" in round_trip
+
+
+def _timed_wait_ps(cluster, factor: float, workers: int = 5) -> FakeRun:
+    """A crowded timed-wait async PS run of the mlp whose config's waits are `factor` x the
+    model's passes for `cluster` (the suite's sleeps the shipped CPU profile's, not the
+    fitted profile's)."""
+    from perfmodel.sim.compute import unit_times
+    from perfmodel.workload import load_workload
+
+    t = unit_times(cluster.as_timed_wait(), load_workload("mlp"), 64,
+                   optimizer_param_fraction=0.0)
+    wait = {"forward": [factor * float(x) for x in t.forward_s],
+            "backward": [factor * float(x) for x in t.backward_s], "optimizer": 0.0}
+    config = {"kind": "ps", "steps": 10, "warmup_steps": 2, "seed": 0,
+              "options": {"ps": {"mode": "async"}}, "compute_mode": "timed-wait",
+              "compute_wait_s": wait}
+    return FakeRun(FakeRow(kind="ps", workers=workers, config=config), {})
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_a_timed_wait_ps_run_is_predicted_with_the_waits_it_slept(factor):
+    """The model's wait is the run's own (each speed / k), plus only the wait for a core of
+    the worker's own CPU work (perfmodel/sim/ps.py `_ComputeTimes`: paid x (x - 1) x d / s,
+    d <= 2): at least the sleep, at most the sleep plus that wait with every worker and the
+    server busy at once (x at most the share of workers + 1 processes)."""
+    from perfmodel.sim.compute import ps_worker_host_seconds, ps_worker_seconds
+    from perfmodel.workload import load_workload
+
+    cluster = dataclasses.replace(load_cluster("local"), compute_cpu_cores_per_node=2)
+    cluster = dataclasses.replace(cluster, compute=dataclasses.replace(
+        cluster.compute, timed_wait_spread_ms=0.0))
+    run = _timed_wait_ps(cluster, factor)
+    tw, mlp = cluster.as_timed_wait(), load_workload("mlp")
+    slept = factor * ps_worker_seconds(tw, mlp, 64)
+    paid = ps_worker_host_seconds(tw, mlp)
+    most = slept + paid * (tw.compute_share(run.row.workers + 1, "mlp") - 1) * factor * 2
+    compute = predicted_components(cluster, run)["compute"]
+    assert slept * (1 - 1e-9) <= compute <= most * (1 + 1e-9)
+    assert "timed wait" in check_run(cluster, FakeRun(run.row, {
+        "wall_s": 1.0, "compute_s": 1.0, "comm_wait_s": 1.0}), TOL).label
+
+
+def test_a_timed_wait_ddp_run_is_refused_not_mispredicted():
+    cluster = load_cluster("local")
+    row = FakeRow(config={"kind": "ddp", "steps": 10, "warmup_steps": 2, "seed": 0,
+                          "compute_mode": "timed-wait",
+                          "compute_wait_s": {"forward": [0.01], "backward": [0.02]}})
+    with pytest.raises(PerfmodelError, match="parameter-server run in a timed wait"):
+        predicted_components(cluster, FakeRun(row, {}))
+
+
+def test_the_crowded_timed_wait_ps_run_is_self_checked(tmp_path, fixture_runs):
+    """Calibration fits only the waits' spread from a timed-wait PS run (ps-crowded); its
+    round trip is held out, so the self-check predicts it and says it is not in-sample."""
+    doc = copy.deepcopy(fixture_runs)
+    ps = next(r for r in doc["runs"] if r["config"]["kind"] == "ps")
+    crowded = copy.deepcopy(ps)
+    crowded["stored_id"] = max(r["stored_id"] for r in doc["runs"]) + 1
+    crowded["config"]["compute_mode"] = "timed-wait"
+    crowded["config"]["calibration"]["item"] = "ps-crowded-cnn-small"
+    crowded["config"]["compute_wait_s"] = {"forward": [0.004] * 3, "backward": [0.008] * 3,
+                                           "optimizer": 0.0}
+    doc["runs"].append(crowded)
+    store = _store(tmp_path, doc)
+    ids = [r.id for r in store.list_runs() if r.config.get("calibration")]
+    cal = calibrate_runs(store, ids)
+    labels = {c.label for c in cal.self_checks}
+    assert "ps cnn-small, 1 worker, timed wait" in labels
+    assert "ps cnn-small, 1 worker" in labels
+    notes = " ".join(cal.notes)
+    assert ("timed wait" in " ".join(cal.warnings)
+            or "only its waits' spread is fitted from it" in notes)

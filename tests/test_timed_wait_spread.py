@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from calibration.fit_cores import fit_timed_wait_spread
-from calibration.from_store import _is_timed_wait, _timed_wait_spread
+from calibration.from_store import _timed_wait_spread
+from calibration.selfcheck import is_timed_wait
 from perfmodel.cluster import load_cluster
 from perfmodel.compare import protocol, run
 from perfmodel.compare.matching import compare, steady_staleness_by_worker
@@ -73,7 +74,7 @@ def test_calibration_reads_each_workers_steps_after_the_warm_up(monkeypatch):
     notes = []
     assert _timed_wait_spread([_run({1: steps[1]}, workers=1)], notes) is None
     assert "not fitted" in notes[0]
-    assert _is_timed_wait(_run(steps)) and not _is_timed_wait(_run(steps, mode="real"))
+    assert is_timed_wait(_run(steps)) and not is_timed_wait(_run(steps, mode="real"))
 
 
 # ------------------------------------------------------------------ what compare does with it

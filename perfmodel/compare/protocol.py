@@ -237,8 +237,7 @@ def cluster_for(h: HeldOut, profile: ClusterProfile) -> ClusterProfile:
     """The profile as this run sees it: timed-wait compute, or the capped link."""
     cluster = profile
     if h.timed_wait:
-        cluster = dataclasses.replace(cluster, compute=dataclasses.replace(
-            cluster.compute, overlap_slowdown=1.0), compute_occupies_cores=False)
+        cluster = cluster.as_timed_wait()
     if h.link_rate_Gbps:
         def cap(link: Link) -> Link:
             return Link(bandwidth_GBps=h.link_rate_Gbps / 8.0, latency_us=link.latency_us,
