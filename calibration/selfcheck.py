@@ -39,7 +39,7 @@ from perfmodel.errors import PerfmodelError
 from perfmodel.predict import predict
 from perfmodel.sim.compute import ps_worker_seconds
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
-from perfmodel.sim.scenario import MAX_JITTER_CV, Scenario
+from perfmodel.sim.scenario import Scenario, timed_wait_jitter
 from perfmodel.sim.scenario import parse_speeds as scenario_speeds
 from perfmodel.workload import load_workload
 
@@ -222,23 +222,22 @@ def _scenario(cluster: ClusterProfile, run) -> Scenario:
     speeds = scenario_speeds(str(speed), workers) if speed else ()
     jitter, cv = "lognormal", None                  # real compute: the profile's jitter_cv
     if is_timed_wait(run):
-        speeds, cv = _timed_wait_noise(cluster, run, workload, speeds or (1.0,) * workers)
-        jitter = "lognormal" if cv > 0 else "none"
+        speeds, slept = _timed_wait_speeds(cluster, run, workload, speeds or (1.0,) * workers)
+        jitter, cv = timed_wait_jitter(cluster.compute.timed_wait_spread_ms * 1e-3, slept)
     return Scenario(cluster=cluster, workload=workload, workers=workers, batch_size=batch,
                     steps=warmup + max(steps, 1), warmup_steps=warmup, speed=speeds,
-                    jitter=jitter, jitter_cv=cv if jitter != "none" else None,
-                    seed=int(c.get("seed", 0)))
+                    jitter=jitter, jitter_cv=cv, seed=int(c.get("seed", 0)))
 
 
-def _timed_wait_noise(cluster: ClusterProfile, run, workload, speeds: tuple[float, ...]
-                      ) -> tuple[tuple[float, ...], float]:
-    """(speeds, jitter CV) of a timed-wait PS run in the model. Its workers slept the waits
-    in its config (`compute_wait_s`: the suite's crowded run sleeps the shipped CPU profile's
-    unit times, not this profile's), so every speed is divided by the factor k by which those
-    waits exceed the model's passes: the model's wait is then the run's. The waits stray by
-    compute.timed_wait_spread_ms (fitted from this kind of run: the check's spread is
-    in-sample, its round trip is not), as perfmodel/compare/protocol.py's `scenario_for`
-    has them; a DDP/FSDP timed wait has no spread."""
+def _timed_wait_speeds(cluster: ClusterProfile, run, workload, speeds: tuple[float, ...]
+                       ) -> tuple[tuple[float, ...], float]:
+    """(speeds, seconds slept a step) of a timed-wait PS run in the model. Its workers slept
+    the waits in its config (`compute_wait_s`: the suite's crowded run sleeps the shipped CPU
+    profile's unit times, not this profile's), so every speed is divided by the factor k by
+    which those waits exceed the model's passes: the model's wait is then the run's. The
+    waits stray by compute.timed_wait_spread_ms (`timed_wait_jitter`, as
+    perfmodel/compare/protocol.py's `scenario_for` has them; fitted from this kind of run:
+    the check's spread is in-sample, its round trip is not)."""
     if run.row.kind != "ps":
         raise PerfmodelError("only a parameter-server run in a timed wait can be checked")
     wait = run.row.config.get("compute_wait_s") or {}
@@ -246,7 +245,4 @@ def _timed_wait_noise(cluster: ClusterProfile, run, workload, speeds: tuple[floa
     model = ps_worker_seconds(cluster, workload, int(run.row.batch_size))
     if not slept > 0 or not model > 0:
         raise PerfmodelError("its config holds no compute_wait_s to sleep")
-    k = slept / model
-    spread_s = cluster.compute.timed_wait_spread_ms * 1e-3
-    return (tuple(s / k for s in speeds),
-            min(spread_s / slept, MAX_JITTER_CV) if spread_s > 0 else 0.0)
+    return tuple(s * model / slept for s in speeds), slept

@@ -51,7 +51,7 @@ from perfmodel.cluster import ClusterProfile, Link
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.compute import ps_worker_seconds, unit_times
 from perfmodel.sim.ddp import HARNESS_COMM_HOOK as HARNESS_DDP_HOOK
-from perfmodel.sim.scenario import MAX_JITTER_CV, Scenario
+from perfmodel.sim.scenario import Scenario, timed_wait_jitter
 from perfmodel.tomlfile import Fields, load_toml
 from perfmodel.workload import load_workload
 
@@ -254,13 +254,11 @@ def scenario_for(h: HeldOut, profile: ClusterProfile, *, steps: int, seed: int) 
     cluster, workload = cluster_for(h, profile), load_workload(h.workload)
     if h.timed_wait:
         spread_s = profile.compute.timed_wait_spread_ms * 1e-3 if h.kind == "ps" else 0.0
-        cv = min(spread_s / ps_worker_seconds(cluster, workload, h.batch), MAX_JITTER_CV) \
-            if spread_s > 0 else 0.0
-        jitter = "lognormal" if cv > 0 else "none"
+        jitter, cv = timed_wait_jitter(spread_s, ps_worker_seconds(cluster, workload, h.batch))
     return Scenario(cluster=cluster, workload=workload,
                     workers=h.workers, batch_size=h.batch, steps=WARMUP_STEPS + steps,
                     warmup_steps=WARMUP_STEPS, speed=h.speed, jitter=jitter,
-                    jitter_cv=cv if jitter != "none" else None, seed=seed)
+                    jitter_cv=cv, seed=seed)
 
 
 def compute_wait(h: HeldOut, profile: ClusterProfile) -> dict[str, Any]:

@@ -17,6 +17,15 @@ MIN_SPEED, MAX_SPEED = 1e-3, 1e3
 MAX_JITTER_CV = 10.0            # lognormal CV; 10 already puts 1 % of steps above 148x the median
 
 
+def timed_wait_jitter(spread_s: float, wait_s: float) -> tuple[str, float | None]:
+    """(jitter, jitter_cv) of workers whose timed waits of `wait_s` seconds a step stray by
+    `spread_s` (SD; compute.timed_wait_spread_ms on a crowded CPU host): log-normal at CV
+    spread / wait (at most MAX_JITTER_CV), or no jitter where they do not stray."""
+    if not spread_s > 0:
+        return "none", None
+    return "lognormal", min(spread_s / wait_s, MAX_JITTER_CV)
+
+
 def parse_speeds(text: str, workers: int) -> tuple[float, ...]:
     """Relative worker speeds from "1,1,0.5" (one per worker; 1 = nominal, 0.5 = half speed),
     each finite and in [MIN_SPEED, MAX_SPEED]: the one parser of --speed, for predictions and
