@@ -2,9 +2,9 @@
 
 Each `reports/local-*-heldout-N/` keeps its calibration set A (`pooled/*.sqlite`) and its
 measured medians (`comparisons.csv`). For each report given, this refits the profile from
-that set A alone with today's calibration (into a temporary data home: your own profile is
-not touched), predicts every held-out configuration with today's model exactly as
-`perfmodel compare` does (perfmodel/compare/run.py `predict_all`, the report's own timed
+that set A alone with today's calibration, measuring nothing (into a temporary data home:
+your own profile is not touched), predicts every held-out configuration with today's model
+exactly as `perfmodel compare` does (perfmodel/compare/run.py `predict_all`, the report's own timed
 steps, seed 0), and prints predicted against the report's measured step time,
 row by row, with the report's own error beside it and the medians of both.
 
@@ -39,12 +39,26 @@ SEED = 0                     # perfmodel compare's default --seed
 
 
 def calibrate(set_a: Path, home: Path) -> None:
-    """`perfmodel calibrate --cluster local` from `set_a` alone into data home `home`."""
+    """Fit the profile 'local' from `set_a`'s runs alone into data home `home`, measuring
+    nothing: set A as `perfmodel compare` finds it in a store (perfmodel/compare/protocol.py
+    `calibration_set`: the newest stored run of each suite item, from any host), fitted and
+    written as `perfmodel calibrate` does (calibration/driver.py `fit_and_write`). Not
+    `perfmodel calibrate` itself: it measures every suite item the store lacks or holds
+    from more than 24 hours ago, so replaying a report made before the suite grew (the late
+    1-process round, since report 46) measured those runs on the machine of the day, and
+    two replays of report 41 fitted different profiles (2026-12-06); a day later it would
+    measure all of set A again."""
     db = home / "set-a.sqlite"
-    shutil.copy(set_a, db)                      # calibrate may write its notes into the store
-    subprocess.run([sys.executable, "-m", "perfmodel", "calibrate", "--cluster", "local",
-                    "--db", str(db)], cwd=REPO, check=True, capture_output=True,
-                   env={**os.environ, "XDG_DATA_HOME": str(home)})
+    shutil.copy(set_a, db)                      # fitting may write its notes into the store
+    code = ("import sys\n"
+            "from calibration import driver\n"
+            "from measure.store import Store\n"
+            "from perfmodel.compare.protocol import calibration_set\n"
+            "store = Store(sys.argv[1])\n"
+            "found, _ = calibration_set(store.list_runs(), 'local', host='', any_host=True)\n"
+            "driver.fit_and_write('local', found.ids, store, base='local')\n")
+    subprocess.run([sys.executable, "-c", code, str(db)], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "XDG_DATA_HOME": str(home)})
 
 
 def replay(report: Path) -> list[dict]:
