@@ -29,6 +29,18 @@ size (topology.comm_cpu_stretch_by_level), which the model then uses instead of 
 8-rank sweep (2026-12-04) took ~2.5x the unshared model at 1 MiB where 4 ranks took ~2x, and
 ~1.75x at 16 MiB where 4 ranks took ~2.2x, which no single u·(p/c − 1) law gives.
 
+How busy a crowded collective keeps the cores (`topology.comm_cpu_busy_by_level`,
+`fit_busy_by_level`): the sweeps record each rank's CPU time over its wall time. In set A of
+the ten held-out reports 40-49 (2026-12-05/06) the all-reduce, all-gather and
+reduce-scatter sweeps from 1 MiB kept 0.80-0.88 of the 2 cores busy at 4 ranks and
+0.85-0.92 at 8, in every report. So a crowded collective leaves a tenth or more of the
+cores idle, which a DDP rank's own copies (its gloo thread all-reduces while its training
+thread copies the next bucket) can fill: in the held-out DDP timed-wait runs of reports
+47-49 the 8 ranks used 1.85-1.91 of the 2 cores, their gloo threads ~11-16 ms of CPU a
+rank and step (the sweep's all-reduce of mlp's two buckets at 8 ranks: ~13), their
+training threads ~9-13 ms. perfmodel/sim/cores.py `node_cpu_floor_s` counts the step's CPU
+that way.
+
 Earlier history: 4 ranks took about 1.3x and 8 ranks about 1.9x the ring model fitted on 2
 ranks where p/c says 2x and 4x (2026-12-03), and each rank's CPU time over its wall time was
 0.6-0.8 at 2 ranks, 0.35-0.44 at 4 and 0.21-0.23 at 8.
@@ -51,6 +63,8 @@ from perfmodel.sim import collectives
 PARAMETER = "topology.comm_cpu_bound_fraction"
 # a size tells u only where its byte term is at least this share of its unshared time
 BYTE_SHARE_MIN = 0.2
+# a crowded collective's busy share is read from these sizes up (bytes, not wake-ups)
+BUSY_MIN_BYTES = 2**20
 _TIME = {"all-reduce": collectives.allreduce_s, "all-gather": collectives.allgather_s,
          "reduce-scatter": collectives.reduce_scatter_s, "broadcast": collectives.broadcast_s}
 
@@ -86,6 +100,7 @@ class SharingFit:
     fraction: FitResult
     by_bytes: tuple[tuple[float, float], ...]
     by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]], ...] = ()  # by kind
+    busy_by_level: tuple[tuple[float, float], ...] = ()     # [[p/c, share of cores busy]]
 
 
 def fit_comm_sharing(samples: Sequence[CollectiveSample], unshared: ClusterProfile,
@@ -116,7 +131,28 @@ def fit_comm_sharing(samples: Sequence[CollectiveSample], unshared: ClusterProfi
     u_at = np.array([fitted.comm_cpu_bound(s.bytes) for s in use])
     rel = (model + u_at * excess * byte - measured) / measured
     return SharingFit(fraction=fit_result(PARAMETER, u, stderr, rel), by_bytes=curve,
-                      by_level=fit_stretch_by_level(samples, unshared, cores))
+                      by_level=fit_stretch_by_level(samples, unshared, cores),
+                      busy_by_level=fit_busy_by_level(samples, cores))
+
+
+def fit_busy_by_level(samples: Sequence[CollectiveSample], cores: int
+                      ) -> tuple[tuple[float, float], ...]:
+    """topology.comm_cpu_busy_by_level: per crowding level p/c (> 1), the share of the
+    node's cores that its collectives kept busy, p x (each rank's CPU time over its wall
+    time) / c, the median over every kind and size from BUSY_MIN_BYTES up (where the bytes,
+    not the wake-ups, take the time), held to (0, 1]; levels with fewer than 2 such timings
+    are left out. What is left idle, the rest of the cores, is where DDP's reducer copies
+    run beside its all-reduce (perfmodel/sim/cores.py `node_cpu_floor_s`). Measured on this
+    2-core host: 0.80-0.87 at 4 ranks, 0.85-0.91 at 8 (module docstring)."""
+    out = []
+    use = [s for s in samples if s.op in _TIME and shared(s, cores)
+           and s.cpu_busy_fraction is not None and s.bytes >= BUSY_MIN_BYTES]
+    for level in sorted({ranks_per_node(s) / cores for s in use}):
+        at = [ranks_per_node(s) * float(s.cpu_busy_fraction) / cores for s in use
+              if ranks_per_node(s) / cores == level]
+        if len(at) >= 2:
+            out.append((float(level), float(np.clip(np.median(at), 1e-3, 1.0))))
+    return tuple(out)
 
 
 def fit_comm_cpu_bound_fraction(samples: Sequence[CollectiveSample], unshared: ClusterProfile,

@@ -66,6 +66,9 @@ class CollectiveSample:
     bytes: float            # nccl-tests size S (all-gather: output; reduce-scatter: input)
     time_s: float           # median time of one call
     nodes: int = 1
+    # each rank's CPU seconds (all threads) over its wall seconds, averaged over the ranks
+    # (measure/runs/collectives.py); None where not recorded
+    cpu_busy_fraction: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

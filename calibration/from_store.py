@@ -221,7 +221,8 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
                         core_contention=contention, sharing_delay_cv=sharing_delay,
                         comm_cpu_bound_fraction=sharing.fraction if sharing else None,
                         comm_cpu_bound_by_bytes=sharing.by_bytes if sharing else (),
-                        comm_cpu_stretch_by_level=sharing.by_level if sharing else ())
+                        comm_cpu_stretch_by_level=sharing.by_level if sharing else (),
+                        comm_cpu_busy_by_level=sharing.busy_by_level if sharing else ())
     if contention is not None and compute is not None:
         passes = _as_cluster(base_cluster, fits)
         fits = dataclasses.replace(fits, whole_step_factor=_whole_step(concurrent, passes),
@@ -424,9 +425,14 @@ def collective_samples(runs, host: ClusterProfile | None = None) -> list[Collect
             layout = dataclasses.replace(host, devices_per_node=-(-ranks // max(nodes, 1)))
             share = layout.comm_cpu_share(ranks)
         out += [CollectiveSample(op=c["op"], ranks=ranks, bytes=float(c["bytes"]),
-                                 time_s=float(c["time_s"]) / share, nodes=nodes)
+                                 time_s=float(c["time_s"]) / share, nodes=nodes,
+                                 cpu_busy_fraction=_float_or_none(c.get("cpu_busy_fraction")))
                 for c in r.table("collectives")]
     return out
+
+
+def _float_or_none(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def unit_timings(runs) -> tuple[list[UnitTiming], dict[str, float], set[str]]:
@@ -483,6 +489,10 @@ def _network(runs, host: ClusterProfile | None, base: ClusterProfile, notes: lis
         notes.append(f"collectives swept at >= 2 crowding levels: the whole collective's "
                      f"measured stretch by kind, level and size replaces u "
                      f"(topology.comm_cpu_stretch_by_level; from 1 MiB: {table})")
+    if u.busy_by_level:
+        busy = ", ".join(f"{lv:g} ranks a core {share:.2f}" for lv, share in u.busy_by_level)
+        notes.append(f"crowded collectives kept this share of the cores busy "
+                     f"(topology.comm_cpu_busy_by_level, from 1 MiB): {busy}")
     return links, u
 
 

@@ -47,6 +47,7 @@ MEASURABLE_FIELDS = (
     "intra_node.p2p", "inter_node.p2p", "topology.comm_cpu_bound_fraction",
     "compute.whole_step_factor", "compute.by_workload", "server.update",
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
+    "topology.comm_cpu_busy_by_level",
     "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
     "compute.sharing_delay_cv",
 )
@@ -81,6 +82,8 @@ class MeasuredFits:
     # ... or, swept at >= 2 crowding levels, the whole collective's stretch by level and size
     comm_cpu_stretch_by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]],
                                      ...] = ()
+    # ... and the share of the cores its crowded collectives kept busy, by level
+    comm_cpu_busy_by_level: tuple[tuple[float, float], ...] = ()
     whole_step_factor: FitResult | None = None        # CPU hosts: whole steps vs unit sums
     # CPU hosts: the two above for each workload whose whole steps were timed (>= 2 workloads)
     by_workload: tuple[WorkloadFits, ...] = ()
@@ -227,6 +230,9 @@ def _sharing_curve(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
         out["comm_cpu_stretch_by_level"] = {
             op: [[lv, n, round(st, 4)] for lv, n, st in rows]
             for op, rows in fits.comm_cpu_stretch_by_level}
+    if fits.comm_cpu_busy_by_level:
+        out["comm_cpu_busy_by_level"] = [[lv, round(share, 4)]
+                                         for lv, share in fits.comm_cpu_busy_by_level]
     return out
 
 
@@ -273,6 +279,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
         measured.append("topology.comm_cpu_bound_by_bytes")
     if fits.comm_cpu_stretch_by_level:
         measured.append("topology.comm_cpu_stretch_by_level")
+    if fits.comm_cpu_busy_by_level:
+        measured.append("topology.comm_cpu_busy_by_level")
     if fits.server_update is not None:
         measured.append("server.update")
         results += list(fits.server_update)

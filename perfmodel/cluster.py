@@ -328,6 +328,12 @@ class ClusterProfile:
     # Where present it replaces u (comm_cpu_share is then 1): see comm_cpu_stretch.
     comm_cpu_stretch_by_level: tuple[tuple[str, tuple[tuple[float, float, float], ...]],
                                      ...] = ()
+    # The share of the node's cores a crowded collective keeps busy, [[p/c > 1, share], ...]
+    # (linear in p/c between levels, flat beyond): each rank's CPU time over its wall time,
+    # summed over the p ranks and divided by the c cores, as calibration's crowded sweeps
+    # measured it (calibration/fit_comm_sharing.py `fit_busy_by_level`). () = 1: every core
+    # busy. See `comm_cpu_busy`.
+    comm_cpu_busy_by_level: tuple[tuple[float, float], ...] = ()
     # Cores the node's compute runs on when its "devices" are CPU cores (a CPU host: every
     # busy process, workers and parameter servers alike, shares them); 0 = each device
     # computes on its own (GPUs), and compute is never stretched by core sharing.
@@ -345,6 +351,18 @@ class ClusterProfile:
         if self.comm_cpu_bound_by_bytes and nbytes is not None:
             return interpolate_log(self.comm_cpu_bound_by_bytes, max(nbytes, 1.0))
         return self.comm_cpu_bound_fraction
+
+    def comm_cpu_busy(self, workers: int) -> float:
+        """The share of a node's cores that a CPU-driven collective over `workers` ranks
+        keeps busy while its ranks outnumber the cores (comm_cpu_busy_by_level at p/c;
+        1 without the table, and where the ranks fit the cores). What is left idle is where
+        other work of the ranks, such as DDP's reducer copies beside its all-reduce, runs
+        without slowing the collective (perfmodel/sim/cores.py `node_cpu_floor_s`)."""
+        per_node = min(workers, self.devices_per_node)
+        cores = self.comm_cpu_cores_per_node
+        if not self.comm_cpu_busy_by_level or not cores or per_node <= cores:
+            return 1.0
+        return interpolate_linear(self.comm_cpu_busy_by_level, per_node / cores)
 
     def comm_cpu_share(self, workers: int, nbytes: float | None = None) -> float:
         """How much slower a collective's byte term (n·β) runs because its ranks share the
@@ -540,6 +558,8 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
                                                            allow_zero=True)
                                  if f.table("topology").has("comm_cpu_bound_by_bytes") else ()),
         comm_cpu_stretch_by_level=_stretch_table(f.table("topology")),
+        comm_cpu_busy_by_level=(f.table("topology").curve("comm_cpu_busy_by_level")
+                                if f.table("topology").has("comm_cpu_busy_by_level") else ()),
         compute_cpu_cores_per_node=f.table("topology").integer("compute_cpu_cores_per_node", 0),
         intra_node=_link(f.table("intra_node")),
         inter_node=_link(f.table("inter_node")),
@@ -620,6 +640,16 @@ def _calibration_errors(data: dict, path: Path) -> CalibrationErrors | None:
         return calibration_errors(data)
     except PerfmodelError as e:
         raise PerfmodelError(f"{path}: {e}") from None
+
+
+def interpolate_linear(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """y at `x` on [(x, y), ...] (x increasing): linear between points, flat beyond."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
 
 
 @lru_cache(maxsize=4096)

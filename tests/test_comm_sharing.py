@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from calibration.fit_comm_sharing import (
     byte_term_s,
+    fit_busy_by_level,
     fit_comm_cpu_bound_fraction,
     fit_comm_sharing,
     fit_stretch_by_level,
@@ -105,7 +106,9 @@ def test_u_is_held_to_0_1_and_needs_crowded_samples():
 
 def _run(samples):
     """A stored collectives run as calibration/from_store.py reads it."""
-    rows = [{"op": s.op, "bytes": s.bytes, "time_s": s.time_s} for s in samples]
+    rows = [{"op": s.op, "bytes": s.bytes, "time_s": s.time_s}
+            | ({"cpu_busy_fraction": s.cpu_busy_fraction} if s.cpu_busy_fraction else {})
+            for s in samples]
     return SimpleNamespace(row=SimpleNamespace(world_size=samples[0].ranks, config={}),
                            table=lambda name: rows)
 
@@ -301,3 +304,70 @@ def test_the_stretch_table_is_written_read_back_and_checked(tmp_path):
         data["topology"]["comm_cpu_stretch_by_level"] = {"all-reduce": bad}
         with pytest.raises(PerfmodelError, match=f"comm_cpu_stretch_by_level.all-reduce.*{says}"):
             parse_profile(data, tmp_path / "bad.toml")
+
+
+# ---------------------------------------------------------------- the busy share of the cores
+
+def busy_sweep(shares: dict[int, float], rng, sizes=SIZES[:15]):
+    """Crowded timings whose ranks each used share·c/p of a core (3 % noise on it)."""
+    return [dataclasses.replace(s, cpu_busy_fraction=shares[s.ranks] * CORES / s.ranks
+                                * (1 + NOISE * rng.normal()))
+            for s in sweep(host(TRUE_U), tuple(shares), rng, sizes)]
+
+
+def test_the_busy_share_is_read_by_level_linear_between_flat_beyond_and_1_without():
+    c = dataclasses.replace(host(0.5), comm_cpu_busy_by_level=((2.0, 0.8), (4.0, 0.9)))
+    assert c.comm_cpu_busy(4) == pytest.approx(0.8) and c.comm_cpu_busy(8) == pytest.approx(0.9)
+    assert c.comm_cpu_busy(6) == pytest.approx(0.85)               # halfway in p/c
+    assert c.comm_cpu_busy(3) == pytest.approx(0.8)                # flat below the first level
+    assert c.comm_cpu_busy(16) == pytest.approx(0.9)               # and beyond the last
+    assert c.comm_cpu_busy(2) == 1.0 and c.comm_cpu_busy(1) == 1.0    # the ranks fit
+    assert host(0.5).comm_cpu_busy(8) == 1.0                       # nothing measured
+    assert dataclasses.replace(c, comm_cpu_cores_per_node=0).comm_cpu_busy(8) == 1.0   # GPUs
+
+
+def test_the_fit_recovers_the_busy_share_per_level_from_1_MiB_and_ignores_the_rest():
+    rng = np.random.default_rng(23)
+    crowded = busy_sweep({4: 0.84, 8: 0.89}, rng)
+    # a small message's share says nothing (wake-ups): set it wrong, the fit must not see it
+    crowded = [dataclasses.replace(s, cpu_busy_fraction=0.01) if s.bytes < 2**20 else s
+               for s in crowded]
+    levels = fit_busy_by_level(crowded, CORES)
+    assert [lv for lv, _ in levels] == [2.0, 4.0]
+    # a median of >= 15 points at 3 % noise: within 3 % (> 4 sigma of the median)
+    assert levels[0][1] == pytest.approx(0.84, rel=0.03)
+    assert levels[1][1] == pytest.approx(0.89, rel=0.03)
+    assert fit_comm_sharing(crowded, host(TRUE_U), CORES).busy_by_level == levels
+    # held to (0, 1]: a rank cannot keep more than the cores busy
+    assert fit_busy_by_level(busy_sweep({4: 1.3}, rng), CORES)[0][1] == 1.0
+    # not recorded (stores from before), or only the ranks that fit the cores: none
+    assert fit_busy_by_level(sweep(host(TRUE_U), (4, 8), rng), CORES) == ()
+    assert fit_busy_by_level(busy_sweep({2: 0.7}, rng), CORES) == ()
+
+
+def test_the_busy_share_is_written_read_back_and_checked(tmp_path):
+    base = load_cluster("local")
+    info = RunInfo(host="h", device_names=("CPU core",), versions="torch", runs=1,
+                   date="2026-12-06T00:00:00+00:00")
+    levels = ((2.0, 0.84), (4.0, 0.89))
+    data = build_profile("local", base, MeasuredFits(comm_cpu_busy_by_level=levels), info)
+    assert data["topology"]["comm_cpu_busy_by_level"] == [[2.0, 0.84], [4.0, 0.89]]
+    assert "topology.comm_cpu_busy_by_level" in data["calibration"]["measured"]
+    assert parse_profile(data, tmp_path / "p.toml").comm_cpu_busy_by_level == levels
+    plain = build_profile("local", base, MeasuredFits(), info)
+    assert "comm_cpu_busy_by_level" not in plain["topology"]
+    for bad in ([[2.0, 1.2]], [[4.0, 0.9], [2.0, 0.8]], [[2.0]]):
+        data["topology"]["comm_cpu_busy_by_level"] = bad
+        with pytest.raises(PerfmodelError, match="comm_cpu_busy_by_level"):
+            parse_profile(data, tmp_path / "bad.toml")
+
+
+def test_calibration_reads_the_busy_share_from_the_stored_sweeps():
+    rng = np.random.default_rng(29)
+    two = sweep(host(TRUE_U), (2,), rng)
+    four, eight = busy_sweep({4: 0.84}, rng), busy_sweep({8: 0.89}, rng)
+    notes: list[str] = []
+    _, fit = _network([_run(two), _run(four), _run(eight)], host(), host(), notes)
+    assert [lv for lv, _ in fit.busy_by_level] == [2.0, 4.0]
+    assert fit.busy_by_level[0][1] == pytest.approx(0.84, rel=0.03)
+    assert any("comm_cpu_busy_by_level" in n for n in notes)

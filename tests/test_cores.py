@@ -374,6 +374,27 @@ def test_node_cpu_floor_conserves_cpu_work_by_hand():
     assert cores.node_cpu_floor_s(cpu_host(2), 8, 0.010, 0.060, 0.007) == 0.0
 
 
+def test_node_cpu_floor_beside_collectives_fills_the_cores_they_leave_idle_by_hand():
+    # DDP: a rank's training thread copies while its gloo thread all-reduces. Crowded
+    # collectives that keep 0.9 of the cores busy leave 0.1 x 60 ms = 6 ms of both cores
+    # for the ranks' own work: 10 + max(60, 0.9·60 + 8·7·1.1/2)
+    host = dataclasses.replace(cpu_host(2, contention=0.1), compute_occupies_cores=False,
+                               comm_cpu_busy_by_level=((2.0, 0.85), (4.0, 0.9)))
+    own = 8 * 0.007 * 1.1 / 2
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007, beside_collectives=True) == \
+        pytest.approx(0.010 + 0.9 * 0.060 + own, rel=EXACT_TOL)
+    # gloo FSDP (every rank blocked in its collective): no overlap, whatever the share
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.007) == \
+        pytest.approx(0.010 + 0.060 + own, rel=EXACT_TOL)
+    # never shorter than the collectives themselves: little own work cannot speed them up
+    assert cores.node_cpu_floor_s(host, 8, 0.010, 0.060, 0.0001, beside_collectives=True) == \
+        pytest.approx(0.010 + 0.060, rel=EXACT_TOL)
+    # every core busy (nothing measured): the same floor either way
+    plain = dataclasses.replace(host, comm_cpu_busy_by_level=())
+    assert cores.node_cpu_floor_s(plain, 8, 0.010, 0.060, 0.007, beside_collectives=True) == \
+        pytest.approx(0.010 + 0.060 + own, rel=EXACT_TOL)
+
+
 def _mean_step(result) -> float:
     return float(np.mean([s.end_s - s.start_s for s in result.steps if s.step >= 2]))
 
@@ -397,6 +418,12 @@ def test_crowded_timed_wait_ddp_step_is_at_least_the_node_cpu_floor(monkeypatch)
     assert _mean_step(ddp.simulate(sc)) >= floor * (1 - EXACT_TOL)
     # and it binds here: without it the event model's step (sleeps, the exposed chain, the
     # waits for a core) is shorter
+    # crowded all-reduces that keep 0.85 of the cores busy leave the rest to the copies
+    idle_share = dataclasses.replace(sc, cluster=dataclasses.replace(
+        host, comm_cpu_busy_by_level=((4.0, 0.85),)))
+    shared = idle - own.copy_back_s + 0.85 * float(durations.sum()) + 8 * own.total_s() / 2
+    assert _mean_step(ddp.simulate(idle_share)) >= shared * (1 - EXACT_TOL)
+    assert _mean_step(ddp.simulate(idle_share)) < _mean_step(ddp.simulate(sc))
     monkeypatch.setattr("perfmodel.sim.ddp.node_cpu_floor_s", lambda *a, **k: 0.0)
     assert _mean_step(ddp.simulate(sc)) < floor * (1 - 1e-3)
 
@@ -414,5 +441,11 @@ def test_crowded_timed_wait_fsdp_on_gloo_pays_every_sleep_plus_the_cpu_work(monk
                for u in mlp.units)
     floor = t.step_s + comm + n * copy_cpu_s(sc, True, True) / 2
     assert _mean_step(FSDP().simulate(sc)) >= floor * (1 - EXACT_TOL)
+    # blocked in its collectives, no rank copies beside them: the cores they leave idle
+    # stay idle
+    busy = dataclasses.replace(sc, cluster=dataclasses.replace(
+        host, comm_cpu_busy_by_level=((4.0, 0.85),)))
+    assert _mean_step(FSDP().simulate(busy)) == pytest.approx(_mean_step(FSDP().simulate(sc)),
+                                                             rel=EXACT_TOL)
     monkeypatch.setattr("perfmodel.sim.fsdp.node_cpu_floor_s", lambda *a, **k: 0.0)
     assert _mean_step(FSDP().simulate(sc)) < floor * (1 - 1e-3)     # it binds

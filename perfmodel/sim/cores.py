@@ -98,28 +98,38 @@ def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
 
 def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
                      own_cpu_s: float, workload: str | None = None,
-                     paid_back_s: float = 0.0) -> float:
+                     paid_back_s: float = 0.0, beside_collectives: bool = False) -> float:
     """The shortest step a timed wait's node can make when its ranks outnumber its cores,
     by conserving CPU work. The step's collectives, timed by the crowded sweeps
-    (`ClusterProfile.comm_cpu_stretch`), kept all c cores busy for `collectives_s` (a crowded
-    gloo collective is CPU-bound: it stretches ~p/c); each rank's own host work (`own_cpu_s`:
-    copies, divides, zero gradients, which measure/timed_wait.py's Sleeper pays back from the
-    sleeps, so the rank's compute does not show it) needs the same cores, slowed by
-    contention as compute is; and `idle_s` of the step's sleeps run before any collective
-    can start or after the last (DDP: forward, backward up to the first bucket, the
-    optimizer; gloo FSDP, whose collectives block: all of them), less `paid_back_s`: the
-    part of each rank's own work done right before those sleeps, whose CPU time the Sleeper
-    pays back from them (DDP: the copy back after the last all-reduce, paid from the
-    optimizer's and forward's sleeps), so they are that much shorter. So
-    step >= max(0, idle_s − paid·k) + collectives_s + ranks·own_cpu_s·k/c, k = 1 + κ(c − 1).
+    (`ClusterProfile.comm_cpu_stretch`), take `collectives_s` (a crowded gloo collective is
+    CPU-bound: it stretches ~p/c) and keep a share β of the c cores busy meanwhile
+    (`ClusterProfile.comm_cpu_busy`, measured by the same sweeps: ~0.85-0.9 on a 2-core host);
+    each rank's own host work (`own_cpu_s`: copies, divides, zero gradients, which
+    measure/timed_wait.py's Sleeper pays back from the sleeps, so the rank's compute does
+    not show it) needs the same cores, slowed by contention as compute is; and `idle_s` of
+    the step's sleeps run before any collective can start or after the last (DDP: forward,
+    backward up to the first bucket, the optimizer; gloo FSDP, whose collectives block: all
+    of them), less `paid_back_s`: the part of each rank's own work done right before those
+    sleeps, whose CPU time the Sleeper pays back from them (DDP: the copy back after the
+    last all-reduce, paid from the optimizer's and forward's sleeps), so they are that much
+    shorter. With k = 1 + κ(c − 1) and W = ranks·own_cpu_s·k/c (the own work on all cores):
+
+    - `beside_collectives` (DDP: a rank's gloo thread all-reduces one bucket while its
+      training thread copies the next): the own work fills the cores the collectives leave
+      idle, so step >= max(0, idle_s − paid·k) + max(collectives_s, β·collectives_s + W);
+    - otherwise (gloo FSDP: every rank blocks in each collective, its copies between them):
+      step >= max(0, idle_s − paid·k) + collectives_s + W.
+
     0 (no floor) outside a timed wait or where the ranks fit the cores: the event model's
     step holds there."""
     cores = cluster.compute_cpu_cores_per_node
     if not cluster.timed_wait or ranks <= cores:
         return 0.0
     contention = 1.0 + cluster.compute.contention(workload) * (cores - 1.0)
-    return (max(0.0, idle_s - paid_back_s * contention) + collectives_s
-            + ranks * own_cpu_s * contention / cores)
+    own_s = ranks * own_cpu_s * contention / cores
+    busy_s = (max(collectives_s, cluster.comm_cpu_busy(ranks) * collectives_s + own_s)
+              if beside_collectives else collectives_s + own_s)
+    return max(0.0, idle_s - paid_back_s * contention) + busy_s
 
 
 def ranks_note(cluster, ranks: int, workload: str | None = None) -> tuple[str, ...]:

@@ -48,9 +48,12 @@ On a CPU host (`topology.compute_cpu_cores_per_node` > 0) the ranks of a node co
 once on its cores, so every pass is stretched by `cluster.compute_share(ranks per node)`
 (perfmodel/sim/cores.py); on GPUs the factor is 1. In a timed wait with more ranks than cores
 a step also fits the node's CPU work (`cores.node_cpu_floor_s`): the sleeps before the first
-bucket and the optimizer's, every all-reduce on all cores, and every rank's reducer passes;
-those sleeps are shorter by the copy back (and a hook's last cast back), whose CPU time the
-harness's Sleeper pays back from the optimizer's and forward's sleeps right after it.
+bucket and the optimizer's, then every all-reduce and every rank's reducer passes on the
+cores, the passes filling the share of the cores the crowded all-reduces leave idle
+(`topology.comm_cpu_busy_by_level`: a rank's gloo thread reduces one bucket while its
+training thread copies the next); those sleeps are shorter by the copy back (and a hook's
+last cast back), whose CPU time the harness's Sleeper pays back from the optimizer's and
+forward's sleeps right after it.
 """
 
 from __future__ import annotations
@@ -323,7 +326,8 @@ class DDP:
         own = self.host_passes(scenario, buckets, unshared=True)
         floor_s = node_cpu_floor_s(cluster, ranks, idle_s, float(durations.sum()),
                                    own.total_s(), scenario.workload.name,
-                                   paid_back_s=own.copy_back_s + float(own.after_s[-1:].sum()))
+                                   paid_back_s=own.copy_back_s + float(own.after_s[-1:].sum()),
+                                   beside_collectives=True)
         durations = durations + host.after_s
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
