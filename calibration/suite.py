@@ -19,8 +19,9 @@ it feeds (calibration/from_store.py):
   as cores (4 on 2 cores) and one with four times (8), after each 2-rank launch, oversubscribed
   on purpose (--quick: the 4-rank one only): they fit the part of a collective that shares the cores
   (`topology.comm_cpu_bound_fraction`; with both levels the measured stretch by level and
-  size, `topology.comm_cpu_stretch_by_level`, calibration/fit_comm_sharing.py), which the 4-
-  and 8-rank held-out runs need; the links are fitted on the other launches.
+  size, `topology.comm_cpu_stretch_by_level`, and the share of the cores they keep busy,
+  `topology.comm_cpu_busy_by_level`, calibration/fit_comm_sharing.py), which the 4- and
+  8-rank held-out runs need; the links are fitted on the other launches.
 - compute: each workload's per-unit forward/backward times at a quarter, half and all of its
   batch size (>= 3 FLOP counts per unit, as the compute fit needs; the training runs use the
   whole batch, the top of the range), and its optimizer step.
