@@ -658,15 +658,10 @@ def _stretch_at(rows: tuple[tuple[float, float, float], ...], x: float, nbytes: 
     ((level, bytes, stretch), ...); cached: a simulation asks for the same few sizes at one
     level once per collective."""
     levels = sorted({row[0] for row in rows})
-    points = [(1.0, 1.0)] + [
+    points = ((1.0, 1.0), *(
         (lv, interpolate_log(tuple((n, st) for level, n, st in rows if level == lv), nbytes))
-        for lv in levels]
-    if x >= points[-1][0]:
-        return points[-1][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-        if x <= x1:
-            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
-    return points[-1][1]
+        for lv in levels))
+    return interpolate_linear(points, x)
 
 
 def profile_paths() -> dict[str, Path]:
