@@ -235,3 +235,26 @@ def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) ->
     f = float(np.median(ratio))
     stderr = 1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size)
     return fit_result("compute.whole_step_factor", f, stderr, f / ratio - 1)
+
+
+def fit_ddp_cpu_work_factor(measured_s: Sequence[float], modelled_s: Sequence[float]
+                            ) -> FitResult:
+    """compute.ddp_cpu_work_factor: the CPU work a crowded DDP timed wait's node really did a
+    step (`measured_s`, core-seconds: every rank's process CPU, gloo's threads and the
+    training thread, measure/cpu_meter.py) over what the model's crowded-node floor counts
+    for the same run (`modelled_s`, perfmodel/sim/cores.py `node_cpu_work_s`: the crowded
+    sweeps' all-reduces on the share of the cores they keep busy, and the reducer's passes
+    at the fitted copy rate), one pair per run: the median ratio. Residuals: each run's own
+    ratio against it."""
+    measured = check_measurements(measured_s, "a crowded DDP run's CPU seconds a step")
+    modelled = check_measurements(modelled_s, "the model's CPU seconds a step")
+    if measured.size != modelled.size or measured.size < 1:
+        raise PerfmodelError(
+            f"compute.ddp_cpu_work_factor: need one modelled value per measured run and >= 1 "
+            f"run, got {measured.size} measured and {modelled.size} modelled (`perfmodel "
+            f"calibrate` runs ddp-crowded on CPU hosts)")
+    ratio = measured / modelled
+    value = float(np.median(ratio))
+    stderr = (1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size)
+              if ratio.size > 1 else 0.0)
+    return fit_result("compute.ddp_cpu_work_factor", value, stderr, ratio / value - 1)

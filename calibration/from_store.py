@@ -74,6 +74,7 @@ from calibration.fit_compute import UnitTiming, fit_compute, fit_jitter_cv, fit_
 from calibration.fit_cores import (
     ConcurrentTiming,
     fit_core_contention,
+    fit_ddp_cpu_work_factor,
     fit_sharing_delay_cv,
     fit_timed_wait_spread,
     fit_whole_step_factor,
@@ -96,6 +97,7 @@ from calibration.selfcheck import (
     predicted_components,
 )
 from measure.configs import processes
+from measure.cpu_meter import cpu_use
 from perfmodel.cluster import SHIPPED_PROFILES, ClusterProfile, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
 from perfmodel.memory import MemoryBreakdown, ddp_memory, fsdp_memory, ps_memory
@@ -268,8 +270,14 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if ps_extra:
         fits = dataclasses.replace(fits, ps_worker_extra=ps_extra)
     if timed_waits and base_cluster.compute_cpu_cores_per_node:
-        fits = dataclasses.replace(fits, timed_wait_spread=_timed_wait_spread(timed_waits,
-                                                                                notes))
+        ps_waits = [r for r in timed_waits if r.row.kind == "ps"]
+        if ps_waits:
+            fits = dataclasses.replace(fits, timed_wait_spread=_timed_wait_spread(ps_waits,
+                                                                                    notes))
+        ddp_waits = [r for r in timed_waits if r.row.kind == "ddp"]
+        if ddp_waits:
+            fits = dataclasses.replace(fits, ddp_cpu_work_factor=_ddp_cpu_work(
+                ddp_waits, _as_cluster(base_cluster, fits), notes))
     notes += failed_checks(checks)
     spread, spread_runs = _run_spread([r for k in TRAINING_KINDS for r in by_kind[k]])
     if spread is None and any(by_kind[k] for k in TRAINING_KINDS):
@@ -606,6 +614,40 @@ def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:
     notes.append(f"a timed wait on the crowded host strays from its length by {fit.value:.2f} "
                  f"ms (SD; compute.timed_wait_spread_ms; {fit.points} workers, {len(runs)} "
                  f"run(s) with more processes than the {cores} cores)")
+    return fit
+
+
+def _ddp_cpu_work(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
+    """compute.ddp_cpu_work_factor from the DDP timed waits whose ranks outnumbered the
+    host's cores (fit_cores.py `fit_ddp_cpu_work_factor`): each run's CPU seconds a step,
+    the cores its processes kept busy over the timed steps times their mean step
+    (measure/cpu_meter.py `cpu_use`), against the model's count for the run
+    (perfmodel/sim/ddp.py `node_cpu_work_s`, with the profile fitted so far). None, noted,
+    where none recorded its CPU."""
+    cores = cluster.compute_cpu_cores_per_node
+    measured, modelled = [], []
+    for r in runs:
+        workers = int(r.row.workers or 0)
+        own, _ = cpu_use(r.table("summaries"))
+        warm = int(r.row.config.get("warmup_steps") or 0)
+        steps = [float(s["wall_s"]) for s in r.table("steps") if int(s["step"]) >= warm]
+        if workers <= cores or own is None or not steps:
+            continue
+        scenario = Scenario(cluster=cluster.as_timed_wait(),
+                            workload=load_workload(r.row.workload), workers=workers,
+                            batch_size=int(r.row.batch_size))
+        measured.append(own * float(np.mean(steps)))
+        modelled.append(make_strategy("ddp", comm_hook=HARNESS_DDP_HOOK)
+                        .node_cpu_work_s(scenario))
+    if not measured:
+        notes.append("compute.ddp_cpu_work_factor not fitted: no crowded DDP timed wait "
+                     "recorded its CPU (measure/cpu_meter.py)")
+        return None
+    fit = fit_ddp_cpu_work_factor(measured, modelled)
+    notes.append(f"a crowded DDP timed wait's node burned {fit.value:.2f}x the CPU work the "
+                 f"model counts for it (compute.ddp_cpu_work_factor; {len(measured)} run(s), "
+                 f"{np.median(measured) * 1e3:.0f} vs {np.median(modelled) * 1e3:.0f} "
+                 f"core-ms a step)")
     return fit
 
 

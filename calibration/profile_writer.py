@@ -49,7 +49,7 @@ MEASURABLE_FIELDS = (
     "topology.comm_cpu_bound_by_bytes", "topology.comm_cpu_stretch_by_level",
     "topology.comm_cpu_busy_by_level",
     "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
-    "compute.sharing_delay_cv",
+    "compute.sharing_delay_cv", "compute.ddp_cpu_work_factor",
 )
 
 
@@ -77,6 +77,7 @@ class MeasuredFits:
     core_contention: FitResult | None = None         # CPU hosts: compute under core sharing
     timed_wait_spread: FitResult | None = None       # CPU hosts: a crowded timed wait's, ms
     sharing_delay_cv: FitResult | None = None        # CPU hosts: a core wait's SD / mean
+    ddp_cpu_work_factor: FitResult | None = None     # CPU hosts: crowded DDP's CPU work
     comm_cpu_bound_fraction: FitResult | None = None  # CPU hosts: collectives under sharing
     comm_cpu_bound_by_bytes: tuple[tuple[float, float], ...] = ()   # ... and u by size
     # ... or, swept at >= 2 crowding levels, the whole collective's stretch by level and size
@@ -169,6 +170,9 @@ def build_profile(name: str, base: ClusterProfile, fits: MeasuredFits, info: Run
                                                      c.timed_wait_spread_ms)
         if fits.sharing_delay_cv is not None or c.sharing_delay_cv:
             compute["sharing_delay_cv"] = _value(fits.sharing_delay_cv, c.sharing_delay_cv)
+        if fits.ddp_cpu_work_factor is not None or c.ddp_cpu_work_factor != 1.0:
+            compute["ddp_cpu_work_factor"] = _value(fits.ddp_cpu_work_factor,
+                                                    c.ddp_cpu_work_factor)
         if fits.ps_worker_extra:
             compute["ps_worker_extra_ms"] = {r.parameter.rsplit(".", 1)[1]: r.value
                                              for r in fits.ps_worker_extra}
@@ -271,7 +275,7 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
               fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread,
-              fits.sharing_delay_cv):
+              fits.sharing_delay_cv, fits.ddp_cpu_work_factor):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

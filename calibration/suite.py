@@ -39,6 +39,11 @@ it feeds (calibration/from_store.py):
   wait of the shipped CPU profile's unit times, `TIMED_WAIT_STEPS` steps: how far a timed
   wait strays on a crowded host (`compute.timed_wait_spread_ms`), which decides who
   reaches a serial server first. Nothing else is fitted on it.
+- ddp-crowded (CPU hosts, full suite): DDP of the same workload with three times as many
+  ranks as cores (6 on 2), its compute a timed wait, `CROWDED_DDP_REPEATS` runs: the CPU
+  work the node does per step (every rank's process CPU, measure/cpu_meter.py) over what the
+  model's crowded-node floor counts (perfmodel/sim/cores.py `node_cpu_work_s`),
+  `compute.ddp_cpu_work_factor` (calibration/fit_cores.py). Nothing else is fitted on it.
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose. Each is
@@ -121,6 +126,12 @@ FSDP_REPEATS = 2                    # CPU hosts: FSDP runs of the workload copie
 FSDP_VARIANT = "grad-op"
 TIMED_WAIT_STEPS = 40               # CPU hosts: the crowded timed-wait PS run (a spread wants
                                     # many steps; its steps take ~20 ms)
+# CPU hosts, full suite: DDP timed waits with this many ranks per core (6 on 2 cores), for
+# compute.ddp_cpu_work_factor. 2026-12-06, a DDP mlp timed wait at 3-10 ranks on this host
+# (two runs each, interleaved): each rank's gloo CPU a step grew as a ring's bytes, 2(p-1)/p,
+# and its training thread's stayed 7.4-8.2 ms, so one level stands for 4 and 8 ranks.
+CROWDED_DDP_RANKS_PER_RANK = 3
+CROWDED_DDP_REPEATS = 2
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -290,6 +301,21 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
         add(f"ps-crowded-{w}", f"ps async {w}, {workers} timed-wait workers + server on "
             f"{ranks} cores", config | timed_wait_config(w, int(config["batch_size"])),
             oversubscribe=True, optional=True)
+    # CPU hosts: DDP of the same workload with three times as many ranks as cores, its
+    # compute a timed wait, twice: the CPU work such a node really does per step (gloo's
+    # threads and every training thread, measure/cpu_meter.py) over what the model counts
+    # for it, compute.ddp_cpu_work_factor (calibration/fit_cores.py). The held-out DDP timed
+    # waits run 4 and 8 ranks; this runs 6.
+    if kind == "cpu" and ranks >= 2 and not quick:
+        w = max(names, key=_copy_weight)
+        workers = CROWDED_DDP_RANKS_PER_RANK * ranks
+        for r in range(1, CROWDED_DDP_REPEATS + 1):
+            config = _training("ddp", w, workers, TIMED_WAIT_STEPS, {}, common)
+            add(f"ddp-crowded-{w}", f"ddp {w}, {workers} timed-wait workers on {ranks} cores "
+                f"({r} of {CROWDED_DDP_REPEATS})",
+                config | timed_wait_config(w, int(config["batch_size"]),
+                                           optimizer_param_fraction=1.0),
+                r, oversubscribe=True, optional=True)
     cores_names = names[:min(size.cores_workloads, size.compute_workloads)]
 
     def cores(w: str, busy: int) -> dict:
@@ -313,16 +339,19 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     return ordered
 
 
-def timed_wait_config(workload: str, batch_size: int) -> dict[str, Any]:
-    """compute_mode and compute_wait_s of the suite's timed-wait run: the shipped CPU
+def timed_wait_config(workload: str, batch_size: int, *,
+                      optimizer_param_fraction: float = 0.0) -> dict[str, Any]:
+    """compute_mode and compute_wait_s of a suite's timed-wait run: the shipped CPU
     profile's unit times of `workload` (nothing is fitted yet when the suite is built; the
-    run measures how its waits spread around whatever they are)."""
+    runs measure how their waits spread, and the CPU work beside them, whatever they are),
+    the optimizer's over that share of the parameters (0: a PS worker's, whose server
+    steps; 1: a DDP rank's)."""
     t = unit_times(shipped_profile(CPU_PROFILE), load_workload(workload), batch_size,
-                   optimizer_param_fraction=0.0)
+                   optimizer_param_fraction=optimizer_param_fraction)
     return {"compute_mode": "timed-wait",
             "compute_wait_s": {"forward": [float(x) for x in t.forward_s],
                                "backward": [float(x) for x in t.backward_s],
-                               "optimizer": 0.0}}
+                               "optimizer": float(t.optimizer_s)}}
 
 
 def _copy_weight(name: str) -> float:

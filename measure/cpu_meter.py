@@ -14,15 +14,20 @@ The 1-minute load average cannot tell a run's own processes from other work on t
 
 So other work = host busy cores − the run's own (both over the timed steps), and a run whose
 own processes keep every core busy is CPU-bound: its timing is set by CPU work, not by waits.
-Each rank writes the three fields into its summary record (`usage`); perfmodel/compare
-(matching.py `cpu_use`) turns them into the run's numbers.
+Each rank writes the three fields into its summary record (`usage`); `cpu_use` and
+`thread_cores` below turn a run's records into its numbers (perfmodel/compare/matching.py
+reports them; calibration/fit_cores.py fits compute.ddp_cpu_work_factor with them).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 PROC_STAT = Path("/proc/stat")
 _BUSY = (0, 1, 2, 5, 6, 7)      # user nice system irq softirq steal (guest is inside user)
@@ -76,3 +81,33 @@ def usage(start: CpuMark, end: CpuMark | None = None) -> dict[str, float]:
         if total > 0:
             out["host_busy_cores"] = busy / total * end.host[2]
     return out
+
+
+def cpu_use(summaries: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(cores the run's own processes kept busy, cores busy on the host) over the timed
+    steps, from each rank's summary fields of measure/cpu_meter.py: the sum over ranks of
+    cpu_s / cpu_window_s, and the median of the ranks' host_busy_cores. None where the run
+    did not record them (runs before the meter)."""
+    by_rank: dict[int, dict[str, float]] = {}
+    for s in summaries:
+        if s["key"] in ("cpu_s", "cpu_window_s", "host_busy_cores") and s["value"] is not None:
+            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
+    rates = [r["cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
+             if r.get("cpu_window_s", 0) > 0 and "cpu_s" in r]
+    hosts = [r["host_busy_cores"] for r in by_rank.values() if "host_busy_cores" in r]
+    return (float(sum(rates)) if rates else None,
+            float(np.median(hosts)) if hosts else None)
+
+
+def thread_cores(summaries: Sequence[dict[str, Any]]) -> float | None:
+    """Of the cores the run kept busy (`cpu_use`), the part its training threads did: the
+    sum over ranks of thread_cpu_s / cpu_window_s (measure/cpu_meter.py: the thread that runs
+    the loop - autograd, hooks, copies, the optimizer, a PS server's applies), the rest being
+    the communication threads' (gloo's). None where not recorded."""
+    by_rank: dict[int, dict[str, float]] = {}
+    for s in summaries:
+        if s["key"] in ("thread_cpu_s", "cpu_window_s") and s["value"] is not None:
+            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
+    rates = [r["thread_cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
+             if r.get("cpu_window_s", 0) > 0 and "thread_cpu_s" in r]
+    return float(sum(rates)) if rates else None

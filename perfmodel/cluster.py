@@ -188,6 +188,13 @@ class Compute:
     # 1, so below 1), and a fast worker beside a straggler does not keep an exact rhythm
     # with it. 0 = the delay is its mean.
     sharing_delay_cv: float = 0.0
+    # CPU hosts only: the CPU work a DDP timed wait's node does per step with more ranks
+    # than cores (every rank's gloo threads and training thread, as measure/cpu_meter.py
+    # counts it) over what perfmodel/sim/cores.py `node_cpu_work_s` counts for it (the
+    # crowded sweeps' all-reduces and the reducer's passes): fitted from the calibration's
+    # crowded DDP timed waits (calibration/fit_cores.py `fit_ddp_cpu_work_factor`), it
+    # scales the CPU floor of a crowded DDP step. 1 = the counted work is all there is.
+    ddp_cpu_work_factor: float = 1.0
     # CPU hosts calibrated from unit timings only: the rate at which a whole step moves
     # each unit's weights through memory (forward reads them, backward reads them and
     # writes their gradients), which units timed apart, cache-warm, never pay
@@ -581,6 +588,7 @@ def parse_profile(data: dict, path: Path) -> ClusterProfile:
             copy_GBps=comp.number("copy_GBps", comp.number("fsdp_copy_GBps", 0.0)),
             timed_wait_spread_ms=comp.number("timed_wait_spread_ms", 0.0),
             sharing_delay_cv=comp.number("sharing_delay_cv", 0.0, maximum=MAX_SHARING_DELAY_CV),
+            ddp_cpu_work_factor=comp.number("ddp_cpu_work_factor", 1.0, positive=True),
             weight_stream_GBps=comp.number("weight_stream_GBps", 0.0),
         ),
         server=Server(apply_GBps=srv.number("apply_GBps", positive=True), link=link,

@@ -220,7 +220,11 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     assert [m.config["workload"] for m in servers] == ["cnn-small"] * 2 + ["mlp"] * 2
     # one crowded timed-wait PS run (compute.timed_wait_spread_ms), full suite on a CPU host:
     # 5 workers of equal speed and a server on 2 cores, asynchronous (no held-out config)
-    [timed] = [m for m in full if m.config.get("compute_mode") == "timed-wait"]
+    [timed] = [m for m in full if m.config.get("compute_mode") == "timed-wait"
+               and m.config["kind"] == "ps"]
+    # and two crowded DDP timed waits (compute.ddp_cpu_work_factor, tests/test_ddp_cpu_work.py)
+    ddp_waits = [m for m in full if m.key.startswith("ddp-crowded-")]
+    assert [m.config.get("compute_mode") for m in ddp_waits] == ["timed-wait"] * 2
     assert timed.config["kind"] == "ps" and timed.config["workers"] == 5 and timed.nproc == 6
     assert timed.config["options"]["ps"]["mode"] == "async" and timed.config["speed"] == []
     assert timed.oversubscribe and timed.optional and timed.config["workload"] == "mlp"
@@ -234,8 +238,9 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
         "cnn-small", "mlp"]
     assert all(m.optional for m in fsdp)        # stores from before still calibrate
     assert not any(m.optional for m in full
-                   if m not in cores + launches + crowded + servers + fsdp + [timed])
-    assert not any(m.oversubscribe for m in full if m not in cores + crowded + [timed])
+                   if m not in cores + launches + crowded + servers + fsdp + [timed] + ddp_waits)
+    assert not any(m.oversubscribe for m in full
+                   if m not in cores + crowded + [timed] + ddp_waits)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
         for ps in [m for m in suite if m.config["kind"] == "ps"]:

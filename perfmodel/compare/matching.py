@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.stats
 
+from measure.cpu_meter import cpu_use, thread_cores
 from measure.protocol import noise_floor
 from perfmodel import strategies as strategy_records
 
@@ -160,36 +161,6 @@ class MeasuredRun:
     host_cores: float | None = None     # cores busy on the whole host over the same steps
     server_phases: dict[str, float] = field(default_factory=dict)   # PS: `server_phases`
     thread_cores: float | None = None   # of own_cores, the training threads' (thread_cores)
-
-
-def cpu_use(summaries: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """(cores the run's own processes kept busy, cores busy on the host) over the timed
-    steps, from each rank's summary fields of measure/cpu_meter.py: the sum over ranks of
-    cpu_s / cpu_window_s, and the median of the ranks' host_busy_cores. None where the run
-    did not record them (runs before the meter)."""
-    by_rank: dict[int, dict[str, float]] = {}
-    for s in summaries:
-        if s["key"] in ("cpu_s", "cpu_window_s", "host_busy_cores") and s["value"] is not None:
-            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
-    rates = [r["cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
-             if r.get("cpu_window_s", 0) > 0 and "cpu_s" in r]
-    hosts = [r["host_busy_cores"] for r in by_rank.values() if "host_busy_cores" in r]
-    return (float(sum(rates)) if rates else None,
-            float(np.median(hosts)) if hosts else None)
-
-
-def thread_cores(summaries: Sequence[dict[str, Any]]) -> float | None:
-    """Of the cores the run kept busy (`cpu_use`), the part its training threads did: the
-    sum over ranks of thread_cpu_s / cpu_window_s (measure/cpu_meter.py: the thread that runs
-    the loop - autograd, hooks, copies, the optimizer, a PS server's applies), the rest being
-    the communication threads' (gloo's). None where not recorded."""
-    by_rank: dict[int, dict[str, float]] = {}
-    for s in summaries:
-        if s["key"] in ("thread_cpu_s", "cpu_window_s") and s["value"] is not None:
-            by_rank.setdefault(int(s["rank"]), {})[s["key"]] = float(s["value"])
-    rates = [r["thread_cpu_s"] / r["cpu_window_s"] for r in by_rank.values()
-             if r.get("cpu_window_s", 0) > 0 and "thread_cpu_s" in r]
-    return float(sum(rates)) if rates else None
 
 
 def measured_run(run, *, ps: bool, timed_wait: bool, warmup_steps: int) -> MeasuredRun:

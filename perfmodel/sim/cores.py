@@ -96,9 +96,24 @@ def own_work_s_per_byte(cluster, ranks: int, workload: str | None = None,
     return factor / (bytes_per_s or cluster.compute.optimizer_GBps * 1e9)
 
 
+def node_cpu_work_s(cluster, ranks: int, collectives_s: float, own_cpu_s: float,
+                    workload: str | None = None) -> float:
+    """The CPU work, in core-seconds, that a node of `ranks` ranks does in one step beside its
+    collectives, as `node_cpu_floor_s` counts it for DDP: the crowded collectives' time on
+    the share β of the c cores they keep busy, and every rank's own host work slowed by
+    contention, c·β·collectives_s + ranks·own_cpu_s·k (k = 1 + κ(c − 1)). What a crowded
+    DDP timed wait really burns per step is compute.ddp_cpu_work_factor times this
+    (calibration/fit_cores.py `fit_ddp_cpu_work_factor`)."""
+    cores = cluster.compute_cpu_cores_per_node
+    contention = 1.0 + cluster.compute.contention(workload) * (cores - 1.0)
+    return (cores * cluster.comm_cpu_busy(ranks) * collectives_s
+            + ranks * own_cpu_s * contention)
+
+
 def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
                      own_cpu_s: float, workload: str | None = None,
-                     paid_back_s: float = 0.0, beside_collectives: bool = False) -> float:
+                     paid_back_s: float = 0.0, beside_collectives: bool = False,
+                     work_factor: float = 1.0) -> float:
     """The shortest step a timed wait's node can make when its ranks outnumber its cores,
     by conserving CPU work. The step's collectives, timed by the crowded sweeps
     (`ClusterProfile.comm_cpu_stretch`), take `collectives_s` (a crowded gloo collective is
@@ -116,7 +131,9 @@ def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
 
     - `beside_collectives` (DDP: a rank's gloo thread all-reduces one bucket while its
       training thread copies the next): the own work fills the cores the collectives leave
-      idle, so step >= max(0, idle_s − paid·k) + max(collectives_s, β·collectives_s + W);
+      idle, so step >= max(0, idle_s − paid·k) + max(collectives_s, f·(β·collectives_s + W)),
+      f = `work_factor` (compute.ddp_cpu_work_factor: the CPU work the calibration's crowded
+      DDP timed waits burned over this count of it, `node_cpu_work_s`);
     - otherwise (gloo FSDP: every rank blocks in each collective, its copies between them):
       step >= max(0, idle_s − paid·k) + collectives_s + W.
 
@@ -126,9 +143,11 @@ def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
     if not cluster.timed_wait or ranks <= cores:
         return 0.0
     contention = 1.0 + cluster.compute.contention(workload) * (cores - 1.0)
-    own_s = ranks * own_cpu_s * contention / cores
-    busy_s = (max(collectives_s, cluster.comm_cpu_busy(ranks) * collectives_s + own_s)
-              if beside_collectives else collectives_s + own_s)
+    if beside_collectives:
+        work_s = node_cpu_work_s(cluster, ranks, collectives_s, own_cpu_s, workload)
+        busy_s = max(collectives_s, work_factor * work_s / cores)
+    else:
+        busy_s = collectives_s + ranks * own_cpu_s * contention / cores
     return max(0.0, idle_s - paid_back_s * contention) + busy_s
 
 

@@ -65,7 +65,12 @@ import numpy as np
 from perfmodel.errors import PerfmodelError
 from perfmodel.sim.collectives import ALLREDUCE_ALGORITHMS, allreduce_s
 from perfmodel.sim.compute import StepNoise, UnitTimes, in_flight_fraction, unit_times
-from perfmodel.sim.cores import node_cpu_floor_s, own_work_s_per_byte, ranks_note
+from perfmodel.sim.cores import (
+    node_cpu_floor_s,
+    node_cpu_work_s,
+    own_work_s_per_byte,
+    ranks_note,
+)
 from perfmodel.sim.engine import CountingEnvironment, SharedLink
 from perfmodel.sim.records import CommRecord, SimResult, StepRecord, UpdateRecord
 from perfmodel.sim.scenario import Scenario
@@ -76,6 +81,17 @@ MAX_BUCKETS = 100_000       # beyond this a bucket cap is a typo, and the simula
 GRAD_COMPRESSION = ("none", "bf16")
 COMM_HOOKS = ("none", "allreduce")
 HARNESS_COMM_HOOK = "allreduce"     # measure/runs/ddp.py times buckets in a wrapped allreduce_hook
+
+
+@dataclass(frozen=True, slots=True)
+class FloorInputs:
+    """One step's inputs to the crowded-node CPU floor (cores.node_cpu_floor_s), seconds."""
+
+    ranks: int                  # the node's ranks
+    idle_s: float               # sleeps before the first bucket, and the optimizer's
+    collectives_s: float        # the all-reduces, back to back
+    own_cpu_s: float            # each rank's reducer passes at the unshared rates
+    paid_back_s: float          # of those, what the Sleeper pays back from the sleeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +310,38 @@ class DDP:
         _, _, durations = self._wire(scenario, alone.backward_s)
         return in_flight_fraction(float(durations.sum()), float(alone.backward_s.sum()))
 
+    def _floor_inputs(self, scenario: Scenario, plain: UnitTimes, backward_s: float,
+                      buckets: list[Bucket], durations: np.ndarray) -> FloorInputs:
+        """What cores.node_cpu_floor_s needs of one step (module docstring): the sleeps
+        before the first bucket and the optimizer's (`plain`: the unit times without the
+        overlap slowdown; `backward_s`: backward with it), the all-reduces' time, each
+        rank's own passes at the unshared rates, and the part of them paid back."""
+        ranks = min(scenario.workers, scenario.cluster.devices_per_node)
+        communicate = scenario.workers > 1 and bool(buckets)
+        idle_s = float(plain.forward_s.sum()) + plain.optimizer_s + (
+            buckets[0].ready_backward_s * float(plain.backward_s.sum()) / backward_s
+            if communicate and backward_s > 0 else 0.0)
+        own = self.host_passes(scenario, buckets, unshared=True)
+        return FloorInputs(ranks=ranks, idle_s=idle_s, collectives_s=float(durations.sum()),
+                           own_cpu_s=own.total_s(),
+                           paid_back_s=own.copy_back_s + float(own.after_s[-1:].sum()))
+
+    def node_cpu_work_s(self, scenario: Scenario) -> float:
+        """The CPU work (core-seconds) per step that the crowded-node floor counts for this
+        scenario (cores.node_cpu_work_s): what calibration compares with the CPU its crowded
+        DDP timed waits burned (compute.ddp_cpu_work_factor). As `simulate` times it."""
+        cluster, n = scenario.cluster, scenario.workers
+        plain = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           busy=self.busy(scenario))
+        times = unit_times(cluster, scenario.workload, scenario.batch_size,
+                           overlapped=("backward",) if n > 1 else (),
+                           in_flight=self.in_flight(scenario, plain), busy=self.busy(scenario))
+        buckets, _, durations = self._wire(scenario, times.backward_s)
+        floor = self._floor_inputs(scenario, plain, float(times.backward_s.sum()), buckets,
+                                   durations)
+        return node_cpu_work_s(cluster, floor.ranks, floor.collectives_s, floor.own_cpu_s,
+                               scenario.workload.name)
+
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
         # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
@@ -319,15 +367,11 @@ class DDP:
         ready_s = np.array([forward_s + b.ready_backward_s for b in buckets])
         # A timed wait on a node with more ranks than cores: the cores must do the
         # collectives' and every rank's own CPU work (cores.node_cpu_floor_s).
-        ranks = min(n, cluster.devices_per_node)
-        idle_s = float(plain.forward_s.sum()) + plain.optimizer_s + (
-            buckets[0].ready_backward_s * float(plain.backward_s.sum()) / backward_s
-            if communicate and backward_s > 0 else 0.0)
-        own = self.host_passes(scenario, buckets, unshared=True)
-        floor_s = node_cpu_floor_s(cluster, ranks, idle_s, float(durations.sum()),
-                                   own.total_s(), scenario.workload.name,
-                                   paid_back_s=own.copy_back_s + float(own.after_s[-1:].sum()),
-                                   beside_collectives=True)
+        floor = self._floor_inputs(scenario, plain, backward_s, buckets, durations)
+        floor_s = node_cpu_floor_s(cluster, floor.ranks, floor.idle_s, floor.collectives_s,
+                                   floor.own_cpu_s, scenario.workload.name,
+                                   paid_back_s=floor.paid_back_s, beside_collectives=True,
+                                   work_factor=cluster.compute.ddp_cpu_work_factor)
         durations = durations + host.after_s
         # An all-reduce chain from bucket b on, back to back: max_b(ready_b + rest_b) ends it.
         rest_s = np.cumsum(durations[::-1])[::-1]
