@@ -36,6 +36,10 @@ What each kind of run (measure/store.py) feeds:
   measured peak against perfmodel/memory.py ps_memory. The self-check below predicts the same
   runs with the whole simulation, sharing included (in-sample where the messages were
   fitted: it says so).
+- timed waits (measure/timed_wait.py) with more processes than cores, on a CPU host: a PS
+  one gives compute.timed_wait_spread_ms (`_timed_wait_spread`); DDP ones give
+  compute.ddp_cpu_work_factor, their processes' CPU a step over the model's count of the
+  node's CPU work (`_ddp_cpu_work`). No other fit uses a timed wait.
 - a check with a stated tolerance that misses it says so loudly: a note starting
   CHECK_FAILED in the profile's [calibration] notes, which `perfmodel calibrate` also
   prints to stderr.
