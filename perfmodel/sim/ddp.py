@@ -330,26 +330,28 @@ class DDP:
         """The CPU work (core-seconds) per step that the crowded-node floor counts for this
         scenario (cores.node_cpu_work_s): what calibration compares with the CPU its crowded
         DDP timed waits burned (compute.ddp_cpu_work_factor). As `simulate` times it."""
+        plain, times = self._unit_times(scenario)
+        buckets, _, durations = self._wire(scenario, times.backward_s)
+        floor = self._floor_inputs(scenario, plain, float(times.backward_s.sum()), buckets,
+                                   durations)
+        return node_cpu_work_s(scenario.cluster, floor.ranks, floor.collectives_s,
+                               floor.own_cpu_s, scenario.workload.name)
+
+    def _unit_times(self, scenario: Scenario) -> tuple[UnitTimes, UnitTimes]:
+        """(the unit times alone, the same with backward slowed while the all-reduces are in
+        flight: compute.overlap_slowdown)."""
         cluster, n = scenario.cluster, scenario.workers
         plain = unit_times(cluster, scenario.workload, scenario.batch_size,
                            busy=self.busy(scenario))
         times = unit_times(cluster, scenario.workload, scenario.batch_size,
                            overlapped=("backward",) if n > 1 else (),
                            in_flight=self.in_flight(scenario, plain), busy=self.busy(scenario))
-        buckets, _, durations = self._wire(scenario, times.backward_s)
-        floor = self._floor_inputs(scenario, plain, float(times.backward_s.sum()), buckets,
-                                   durations)
-        return node_cpu_work_s(cluster, floor.ranks, floor.collectives_s, floor.own_cpu_s,
-                               scenario.workload.name)
+        return plain, times
 
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
         # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
-        plain = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           busy=self.busy(scenario))
-        times = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           overlapped=("backward",) if n > 1 else (),
-                           in_flight=self.in_flight(scenario, plain), busy=self.busy(scenario))
+        plain, times = self._unit_times(scenario)
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         # The overlap slowdown lasts as long as the all-reduces are in flight, which a slow
         # or jittery worker does not lengthen: it is added to, not scaled with, its compute.
