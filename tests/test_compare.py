@@ -524,6 +524,12 @@ def test_quick_comparison_end_to_end(tmp_path):
     assert "TIMED-WAIT" in text and "perfmodel compare --cluster local --quick" in text
     assert np.isfinite([c["step_time_error"] for c in doc["comparisons"]
                         if c["step_time_error"] is not None]).all()
+    # set B round by round (no drift anchor with --quick)
+    assert [r["round"] for r in doc["meta"]["by_round"]] == [1, 2]
+    counted = sum((r[mode] or {}).get("rows", 0) for r in doc["meta"]["by_round"]
+                  for mode in ("real", "timed-wait"))
+    assert counted == sum(len(c["runs"].split()) for c in doc["comparisons"])   # every run once
+    assert "Round by round" in text
 
 
 @pytest.mark.slow

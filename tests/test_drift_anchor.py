@@ -125,6 +125,11 @@ def test_the_report_gives_the_anchor_its_own_section(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "## Drift anchor" in text and "x1.10" in text and "Why this run: because" in text
     json.dumps(meta)                                    # comparisons.json can hold it
+    meta["by_round"] = anchor.round_errors({"k": 0.1}, {"k": "real"}, {"k": {1: 0.1}}, {1: 1.1})
+    report.write_markdown(tmp_path / "report.md", meta=meta, rows=[], figures={},
+                          torch_rows=[], why_missed=[])
+    assert "- round 1: anchor x1.10; real rows +0.0 % median" in \
+        (tmp_path / "report.md").read_text()
 
 
 def test_measure_all_runs_the_anchor_first_in_every_round(monkeypatch, tmp_path):
@@ -175,3 +180,44 @@ def test_the_anchor_reads_set_as_step_time_from_the_store(tmp_path):
     assert r.set_a_run_ids == (a,)
     assert r.set_a_step_s == pytest.approx((0.030,), rel=1e-9)
     assert r.ratio == pytest.approx(1.2, rel=1e-9)
+
+
+def test_round_errors_by_hand():
+    # a and b real, c timed-wait; round 1: a 0 %, b -20 % (median -10, |.| 10), c +50 %;
+    # round 2: a -20 %, b 0 %; round 3: c alone, no anchor run
+    by_round = anchor.round_errors(
+        {"a": 0.1, "b": 0.2, "c": 0.3}, {"a": "real", "b": "real", "c": "timed-wait"},
+        {"a": {1: 0.1, 2: 0.125}, "b": {1: 0.25, 2: 0.2}, "c": {1: 0.2, 3: 0.3}},
+        {1: 1.0, 2: 1.25})
+    assert [r["round"] for r in by_round] == [1, 2, 3]
+    one, two, three = by_round
+    assert one["real"] == pytest.approx({"rows": 2, "median": -0.1, "median_abs": 0.1})
+    assert one["timed-wait"] == pytest.approx({"rows": 1, "median": 0.5, "median_abs": 0.5})
+    assert two["real"]["median"] == pytest.approx(-0.1) and two["timed-wait"] is None
+    assert three["real"] is None and three["anchor_ratio"] is None
+    lines = anchor.round_lines(by_round)
+    assert lines[0].startswith("round 1: anchor x1.00; real rows -10.0 % median, |error| 10.0 %")
+    assert "timed-wait rows: none" in lines[1] and "anchor x1.25" in lines[1]
+    assert "anchor: no run" in lines[2]
+    json.dumps(by_round)                                # comparisons.json can hold it
+
+
+def test_by_round_takes_each_runs_round_from_its_marker(tmp_path):
+    from measure.store import Store
+    from perfmodel.compare.comparison import by_round
+    from perfmodel.compare.run import Measurements
+    from tests.test_compare import _prediction
+
+    store = Store(tmp_path / "db.sqlite")
+    config = {"kind": "ddp", "workers": 2, "workload": "mlp", "batch_size": 32, "steps": 2,
+              "warmup_steps": 2, "seed": 0, "speed": [], "options": {"ddp": {}}}
+    # stored out of order: the round is the marker's, not the position
+    late = store.ingest(_write_run(tmp_path, "r2", throughput=1.0, wall=0.125, config={
+        **config, "compare": {"item": "k", "repeat": 2}}), "ok")
+    early = store.ingest(_write_run(tmp_path, "r1", throughput=1.0, wall=0.1, config={
+        **config, "compare": {"item": "k", "repeat": 1}}), "ok")
+    found = Measurements(ok={"k": [late, early]})
+    rows = by_round(store, [_prediction("k")], found, None)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[0]["real"]["median"] == pytest.approx(0.0, abs=1e-9)      # 0.1 predicted
+    assert rows[1]["real"]["median"] == pytest.approx(0.1 / 0.125 - 1, rel=1e-9)

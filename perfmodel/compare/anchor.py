@@ -201,3 +201,42 @@ def drift_lines(meta: dict[str, Any]) -> list[str]:
 
 def _ms(values: Sequence[float]) -> str:
     return ", ".join(f"{1e3 * v:.1f}" for v in values)
+
+
+def round_errors(predicted: dict[str, float], modes: dict[str, str],
+                 measured: dict[str, dict[int, float]],
+                 anchor_ratios: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """Set B round by round: for each round r, every configuration's run of that round
+    against its predicted step time (`predicted[key]`, seconds; `measured[key][r]`, that
+    run's step time), the median signed and absolute error of the real and of the
+    timed-wait rows (`modes[key]`), beside the drift anchor's ratio in that round. A report's
+    medians over three runs hide a host that changed speed between rounds; this shows it
+    (report 52: timed-wait median |error| 4.8 % in round 1, next to set A, 16.0 and 12.4 %
+    after)."""
+    rounds = sorted({r for by in measured.values() for r in by})
+    out = []
+    for r in rounds:
+        row: dict[str, Any] = {"round": r, "anchor_ratio": (anchor_ratios or {}).get(r)}
+        for mode in ("real", "timed-wait"):
+            errors = np.array([predicted[k] / by[r] - 1.0 for k, by in measured.items()
+                               if r in by and by[r] > 0 and modes.get(k) == mode])
+            row[mode] = None if not errors.size else {
+                "rows": int(errors.size), "median": float(np.median(errors)),
+                "median_abs": float(np.median(np.abs(errors)))}
+        out.append(row)
+    return out
+
+
+def round_lines(by_round: Sequence[dict[str, Any]]) -> list[str]:
+    """One line a round for the report's drift anchor section (`round_errors`)."""
+    def part(mode: str, d: dict[str, Any] | None) -> str:
+        return (f"{mode} rows: none" if d is None else
+                f"{mode} rows {100 * d['median']:+.1f} % median, |error| "
+                f"{100 * d['median_abs']:.1f} % ({d['rows']})")
+    lines = []
+    for row in by_round:
+        ratio = row.get("anchor_ratio")
+        anchor = f"anchor x{ratio:.2f}" if ratio is not None else "anchor: no run"
+        lines.append(f"round {row['round']}: {anchor}; {part('real', row.get('real'))}; "
+                     f"{part('timed-wait', row.get('timed-wait'))}")
+    return lines

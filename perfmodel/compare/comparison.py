@@ -43,6 +43,7 @@ from perfmodel.compare import (
     run,
     summary,
 )
+from perfmodel.compare.matching import measured_run
 from perfmodel.errors import PerfmodelError
 from perfmodel.tomlfile import load_toml, to_toml
 from perfmodel.uncertainty import calibration_errors
@@ -156,6 +157,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
         meta["anchor"] = {**anchor.result(store, drift, set_a["ids"], found.anchor,
                                           anchor_prediction(drift, profile, seed)).as_dict(),
                           "why": spec.why}
+    meta["by_round"] = by_round(store, predictions, found, meta.get("anchor"))
     elastic_lines: list[str] = []
     if membership is not None:
         if membership["measured"][elastic.HELD_OUT[0].key]:
@@ -180,6 +182,35 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     return Outcome(out=out, predictions=len(predictions), predict_only=False,
                    headlines=tuple(heads), missed=tuple(missed),
                    wall_s=time.monotonic() - started)
+
+
+def by_round(store, predictions: list[dict[str, Any]], found: run.Measurements,
+             drift: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Set B's errors round by round beside the drift anchor's (anchor.round_errors): each
+    successful run's step time as the report takes it (matching.measured_run), its round
+    from its compare marker."""
+    def round_of(run_id: int) -> int:
+        return int((store.get_run(run_id).row.config.get("compare") or {}).get("repeat", 0))
+
+    by_key = {p["key"]: p for p in predictions}
+    measured: dict[str, dict[int, float]] = {}
+    for key, ids in found.ok.items():
+        p = by_key.get(key)
+        if p is None:
+            continue
+        for i in ids:
+            run_ = store.get_run(i)
+            if run_.row.status != "ok" or not run_.table("steps"):
+                continue
+            m = measured_run(run_, ps=p["kind"] == "ps", timed_wait=p["mode"] == "timed-wait",
+                             warmup_steps=protocol.WARMUP_STEPS)
+            measured.setdefault(key, {})[round_of(i)] = m.step_time_s
+    ratios = {}
+    if drift:
+        ratios = {round_of(i): r for i, r in zip(drift["run_ids"], drift["ratios"],
+                                                  strict=False)}
+    return anchor.round_errors({k: p["step_time_s"] for k, p in by_key.items()},
+                               {k: p["mode"] for k, p in by_key.items()}, measured, ratios)
 
 
 def anchor_prediction(drift, profile: ClusterProfile, seed: int) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import scipy.stats
 
-from perfmodel.compare.anchor import AnchorResult
+from perfmodel.compare.anchor import AnchorResult, round_lines
 from perfmodel.compare.matching import (
     QUANTITIES,
     SERVER_PHASES,
@@ -446,6 +446,10 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
         out += ["## Drift anchor", "", ANCHOR_LEGEND, "", f"- {anchor_line(m['anchor'])}"]
         out += [f"- Why this run: {m['anchor']['why']}"] if m["anchor"].get("why") else []
         out += [""]
+    if m.get("by_round"):
+        out += ["Round by round (each configuration's run of that round against its prediction; "
+                "the medians above hide a host that changed speed between rounds):", ""]
+        out += [f"- {line}" for line in round_lines(m["by_round"])] + [""]
     if m.get("skipped"):
         out += ["Skipped configurations:", ""] + [f"- `{k}`: {why}" for k, why in
                                                   m["skipped"].items()] + [""]
