@@ -232,9 +232,17 @@ def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) ->
         raise PerfmodelError(f"compute.whole_step_factor: need >= 2 whole-step timings of one "
                              f"process alone with their modelled passes, found {steps.size}")
     ratio = steps / passes
-    f = float(np.median(ratio))
-    stderr = 1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size)
+    f, stderr = _median_ratio(ratio)
     return fit_result("compute.whole_step_factor", f, stderr, f / ratio - 1)
+
+
+def _median_ratio(ratio: np.ndarray) -> tuple[float, float]:
+    """(median, its standard error) of per-run ratios: the standard error of a median of n
+    normal points, 1.2533 σ / √n; 0 for a single ratio."""
+    if ratio.size < 2:
+        return float(np.median(ratio)), 0.0
+    return (float(np.median(ratio)),
+            1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size))
 
 
 def fit_ddp_cpu_work_factor(measured_s: Sequence[float], modelled_s: Sequence[float]
@@ -254,7 +262,5 @@ def fit_ddp_cpu_work_factor(measured_s: Sequence[float], modelled_s: Sequence[fl
             f"run, got {measured.size} measured and {modelled.size} modelled (`perfmodel "
             f"calibrate` runs ddp-crowded on CPU hosts)")
     ratio = measured / modelled
-    value = float(np.median(ratio))
-    stderr = (1.2533 * float(np.std(ratio, ddof=1)) / np.sqrt(ratio.size)
-              if ratio.size > 1 else 0.0)
+    value, stderr = _median_ratio(ratio)
     return fit_result("compute.ddp_cpu_work_factor", value, stderr, ratio / value - 1)
