@@ -39,6 +39,10 @@ from perfmodel.commands.protocol_options import make_protocol, protocol_options
               multiple=True, help="Also fit the complete calibration set A stored in this "
               "earlier store (repeatable): one session's calibration on a shared machine is a "
               "snapshot of its state, and sessions pooled steady it.")
+@click.option("--bracket", is_flag=True, help="With --calibrate: measure set A again after "
+              "set B and predict set B from both set As (set B never fitted), so the fit "
+              "sees the host over the window set B ran in; the predictions made before set B "
+              "are kept and scored beside (about 17 more minutes here).")
 @click.option("--allow-other-host", is_flag=True,
               help="Compare with a calibration made on another machine (warns).")
 @click.option("--torch-memory", default=None, metavar="RANKS|none",
@@ -49,7 +53,7 @@ from perfmodel.commands.protocol_options import make_protocol, protocol_options
               help="Stop any one run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @protocol_options
-def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, pool,
+def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, pool, bracket,
             allow_other_host, torch_memory, predict_only, max_time_s, as_json, settle_load,
             settle_max_s, no_pin):
     """Predict held-out configurations, measure them, and report the errors.
@@ -69,6 +73,7 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, poo
       perfmodel compare --cluster local --quick --out /tmp/first-look
       perfmodel compare --cluster local --profile ~/.local/share/perfmodel/profiles/local.toml
       perfmodel compare --cluster local --calibrate --db today.sqlite --pool monday.sqlite
+      perfmodel compare --cluster local --calibrate --bracket --db today.sqlite
     """
     from measure.launch import require_torch
     from measure.store import Store
@@ -86,10 +91,11 @@ def command(cluster, db, quick, repeats, seed, out, calibrate, profile_path, poo
         done = compare(
             Store(db), cluster, out=out, quick=quick, repeats=repeats, seed=seed,
             calibrate=calibrate, profile_path=profile_path, allow_other_host=allow_other_host,
-            pool=tuple(Store(p) for p in pool),
+            pool=tuple(Store(p) for p in pool), bracketed=bracket,
             torch_memory=torch_memory, predict_only=predict_only, max_time_s=max_time_s,
             command_line=_command_line(cluster, db, quick, repeats, seed, out, calibrate,
-                                       profile_path, allow_other_host, torch_memory, pool)
+                                       profile_path, allow_other_host, torch_memory, pool,
+                                       bracket)
             + _protocol_args(settle_load, settle_max_s, no_pin),
             calibration_progress=calibrating, progress=comparing,
             run_protocol=make_protocol(settle_load, settle_max_s, no_pin))
@@ -113,7 +119,7 @@ def _protocol_args(settle_load: float, settle_max_s: float, no_pin: bool) -> str
 
 
 def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_path, allow,
-                  torch_memory, pool=()) -> str:
+                  torch_memory, pool=(), bracket=False) -> str:
     parts = ["perfmodel", "compare", "--cluster", cluster]
     parts += ["--calibrate"] * calibrate + ["--quick"] * quick
     parts += ["--repeats", str(repeats)] if repeats != 3 else []
@@ -121,6 +127,7 @@ def _command_line(cluster, db, quick, repeats, seed, out, calibrate, profile_pat
     parts += ["--db", str(db)] if db else []
     parts += ["--profile", str(profile_path)] if profile_path else []
     parts += [x for p in pool for x in ("--pool", str(p))]
+    parts += ["--bracket"] * bracket
     parts += ["--allow-other-host"] * allow
     parts += ["--torch-memory", torch_memory] if torch_memory else []
     parts += ["--out", str(out)]

@@ -34,6 +34,7 @@ from measure.store import Store
 from perfmodel.cluster import ClusterProfile, parse_profile
 from perfmodel.compare import (
     anchor,
+    bracket,
     elastic,
     elastic_report,
     elastic_run,
@@ -84,7 +85,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
             predict_only: bool = False, max_time_s: float | None = 600,
             command_line: str = "", calibration_progress: Progress | None = None,
             progress: Progress | None = None, run_protocol: RunProtocol | None = None,
-            pool: tuple[Store, ...] = ()) -> Outcome:
+            pool: tuple[Store, ...] = (), bracketed: bool = False) -> Outcome:
     """Predict set B, measure it, write the report into `out` (see the module docstring).
 
     `pool`: earlier stores whose complete set A is fitted together with this store's
@@ -93,7 +94,11 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     `calibration_progress` follows the measurement of a missing set A (with `calibrate`),
     `progress` the runs of set B and the elastic part. `run_protocol` (measure/protocol.py):
     wait for the load to settle and pin ranks before each run of set A and set B.
+    `bracketed`: measure set A again after set B and predict from both (bracket.py).
     """
+    if bracketed and (pool or profile_path is not None or predict_only):
+        raise PerfmodelError("--bracket measures set A before and after set B and fits both: "
+                             "it takes neither --pool, --profile nor --predict-only")
     started = time.monotonic()
     here = os.uname().nodename
     held_out = protocol.held_out_set(quick)
@@ -107,15 +112,12 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                        (data.get("calibration") or {}).get("self_check_warnings") or [])]
     protocol.check_disjoint(held_out, suite_configs)
     out.mkdir(parents=True, exist_ok=True)
-    profile = write_profile(data, out / "profile.toml")
+    profile = first_profile = write_profile(data, out / "profile.toml")
     errors = calibration_errors(data)
     predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
                                   repeats=repeats, ps_steps=ps_steps)
-    (out / "predictions.json").write_text(json.dumps(
-        {"command": command_line, "cluster": cluster, "seed": seed, "steps": steps,
-         "ps_steps": ps_steps,
-         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "predictions": predictions},
-        indent=1) + "\n")
+    _write_predictions(out / "predictions.json", predictions, command_line, cluster, seed,
+                       steps, ps_steps)
     if predict_only:
         return Outcome(out=out, predictions=len(predictions), predict_only=True,
                        wall_s=time.monotonic() - started)
@@ -135,6 +137,17 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
         progress=progress, protocol=run_protocol)
+    closing = None
+    if bracketed:
+        closing, notes = close_bracket(
+            store, cluster, set_a, here=here, max_time_s=max_time_s, quick=quick,
+            progress=calibration_progress, run_protocol=run_protocol, notes=notes)
+    if closing is not None:
+        profile, errors, predictions, bracket_meta = predict_bracketed(
+            closing, first_profile, data, predictions, store, found, out,
+            held_out=held_out, steps=steps, ps_steps=ps_steps, seed=seed, repeats=repeats,
+            command_line=command_line, cluster=cluster)
+        data = closing.data
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
     twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
@@ -158,6 +171,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                                           anchor_prediction(drift, profile, seed)).as_dict(),
                           "why": spec.why}
     meta["by_round"] = by_round(store, predictions, found, meta.get("anchor"))
+    if bracketed:
+        meta["bracket"] = bracket_meta if closing is not None else {"refused": notes[-1]}
     elastic_lines: list[str] = []
     if membership is not None:
         if membership["measured"][elastic.HELD_OUT[0].key]:
@@ -221,6 +236,51 @@ def anchor_prediction(drift, profile: ClusterProfile, seed: int) -> float | None
         return None
     steps = int(drift.config.get("steps") or protocol.STEPS["full"])
     return run.predict_all((h,), profile, None, steps=steps, seed=seed)[0]["step_time_s"]
+
+
+def _write_predictions(path: Path, predictions: list[dict[str, Any]], command_line: str,
+                       cluster: str, seed: int, steps: int, ps_steps: int) -> None:
+    path.write_text(json.dumps(
+        {"command": command_line, "cluster": cluster, "seed": seed, "steps": steps,
+         "ps_steps": ps_steps,
+         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "predictions": predictions},
+        indent=1) + "\n")
+
+
+def close_bracket(store, cluster: str, set_a: dict[str, Any], *, here: str,
+                  max_time_s: float | None, quick: bool, progress: Progress | None,
+                  run_protocol: RunProtocol | None, notes: list[str]):
+    """Measure set A again and fit it with the first (bracket.py): (the Bracket, notes), or
+    (None, notes + why) where the two cannot be pooled (calibration/pool.py: the compute
+    timings say another machine), and every row keeps the first set A's predictions."""
+    ids_after = calibrate_set_a(cluster, store, here, max_time_s=max_time_s, quick=quick,
+                                progress=progress, run_protocol=run_protocol, fresh=True)
+    try:
+        return bracket.fit(store, set_a["ids"], ids_after, cluster), notes
+    except PerfmodelError as e:
+        return None, [*notes, f"Set A measured again after set B (runs {min(ids_after)}-"
+                              f"{max(ids_after)}) was not fitted with the first: {e}. Every "
+                              f"row is predicted from the first set A alone."]
+
+
+def predict_bracketed(closing: bracket.Bracket, first_profile: ClusterProfile,
+                      first_data: dict[str, Any], first: list[dict[str, Any]], store,
+                      found: run.Measurements, out: Path, *, held_out, steps: int,
+                      ps_steps: int, seed: int, repeats: int, command_line: str, cluster: str):
+    """(profile, errors, predictions, meta['bracket']) from both set As: the pooled fit
+    written beside the first, set B predicted from it (timed waits with the waits their
+    runs slept) and written before any run is paired with a prediction; the first
+    predictions' headline kept for the report."""
+    profile = write_profile(closing.data, out / bracket.PROFILE)
+    errors = calibration_errors(closing.data)
+    predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
+                                  repeats=repeats, ps_steps=ps_steps, waits=first_profile)
+    _write_predictions(out / bracket.PREDICTIONS, predictions, command_line, cluster, seed,
+                       steps, ps_steps)
+    rows_first = [r for r in run.collect(store, first, found.ok, found.failed)
+                  if r.key not in found.skipped or r.run_ids]
+    return (profile, errors, predictions,
+            bracket.meta(first_data, closing, *report.headline_lines(rows_first)))
 
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,

@@ -270,6 +270,25 @@ def compute_wait(h: HeldOut, profile: ClusterProfile) -> dict[str, Any]:
             "backward": [float(x) for x in t.backward_s], "optimizer": float(t.optimizer_s)}
 
 
+# The compute fields a timed wait's sleeps come from (`compute_wait` -> sim/compute.py
+# `unit_times` with one busy process): the passes' rates, the whole-step factor and the
+# optimizer's rate. Every other field (the collectives, the CPU floor, the copies, the
+# core-sharing and spread fits) is the host's real work beside the sleeps.
+WAIT_FIELDS = ("efficiency_by_flops", "overhead_us_per_unit", "backward_flops_ratio",
+               "backward_bytes_ratio", "optimizer_GBps", "memory_efficiency",
+               "launch_us_per_kernel", "whole_step_factor", "by_workload", "by_precision",
+               "weight_stream_GBps")
+
+
+def with_waits_of(profile: ClusterProfile, waits: ClusterProfile) -> ClusterProfile:
+    """`profile` whose timed waits sleep what `waits`' do (WAIT_FIELDS taken from `waits`):
+    a timed-wait run measured with the waits of one fit (`run_config`) predicted with a
+    later fit (`perfmodel compare --bracket`) must be predicted with the sleeps it slept,
+    and only its real work from the later fit."""
+    taken = {f: getattr(waits.compute, f) for f in WAIT_FIELDS}
+    return dataclasses.replace(profile, compute=dataclasses.replace(profile.compute, **taken))
+
+
 def timed_steps(h: HeldOut, steps: int, ps_steps: int | None = None) -> int:
     """The timed steps of a run of `h`: `ps_steps` for a PS row where given, else `steps`."""
     return ps_steps if h.kind == "ps" and ps_steps is not None else steps

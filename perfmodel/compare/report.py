@@ -18,6 +18,7 @@ from typing import Any
 
 import scipy.stats
 
+from perfmodel.compare import bracket
 from perfmodel.compare.anchor import AnchorResult, round_lines
 from perfmodel.compare.matching import (
     QUANTITIES,
@@ -446,6 +447,8 @@ def write_markdown(path: Path, *, meta: dict[str, Any], rows: Sequence[Compariso
         out += ["## Drift anchor", "", ANCHOR_LEGEND, "", f"- {anchor_line(m['anchor'])}"]
         out += [f"- Why this run: {m['anchor']['why']}"] if m["anchor"].get("why") else []
         out += [""]
+    if (m.get("bracket") or {}).get("ids_after"):
+        out += bracket.markdown(m["bracket"])
     if m.get("by_round"):
         out += ["Round by round (each configuration's run of that round against its prediction; "
                 "the medians above hide a host that changed speed between rounds):", ""]

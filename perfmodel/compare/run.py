@@ -38,6 +38,7 @@ from perfmodel.compare.protocol import (
     run_config,
     scenario_for,
     timed_steps,
+    with_waits_of,
 )
 from perfmodel.errors import PerfmodelError
 from perfmodel.predict import Prediction, predict
@@ -203,15 +204,18 @@ def timeline(p: Prediction) -> dict[str, Any]:
 def predict_all(held_out: tuple[HeldOut, ...], profile: ClusterProfile,
                 errors: CalibrationErrors | None, *, steps: int, seed: int,
                 cpu: bool = True, repeats: int = 1,
-                ps_steps: int | None = None) -> list[dict[str, Any]]:
+                ps_steps: int | None = None,
+                waits: ClusterProfile | None = None) -> list[dict[str, Any]]:
     """Every held-out configuration's predicted record, `steps` timed steps a run
     (`ps_steps` for a PS row where given: protocol.PS_STEPS); intervals for the median of
-    `repeats` runs."""
+    `repeats` runs. `waits`: the profile whose waits the timed-wait runs slept, where it is
+    not `profile` (protocol.with_waits_of)."""
     out = []
     for h in held_out:
         seeds = range(seed, seed + (MODEL_SEEDS if h.kind == "ps" else 1))
         n = timed_steps(h, steps, ps_steps)
-        p, *more = [predict(h.strategy, scenario_for(h, profile, steps=n, seed=s),
+        used = with_waits_of(profile, waits) if waits is not None and h.timed_wait else profile
+        p, *more = [predict(h.strategy, scenario_for(h, used, steps=n, seed=s),
                             **model_options(h, cpu=cpu)) for s in seeds]
         out.append(predicted_record(h, p, errors, more, repeats=repeats))
     return out

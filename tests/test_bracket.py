@@ -1,0 +1,186 @@
+"""Set A before and after set B, fitted as one (perfmodel/compare/bracket.py, `--bracket`).
+
+Two committed set As of one machine stand in for "before" and "after": report 52's (fitted
+compute.ddp_cpu_work_factor 1.08) and report 53's (0.84), copied into one store as
+tests/test_set_a_gate.py does. The end-to-end test runs a real --quick comparison whose
+closing set A is the recorded fixture loaded a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from calibration.pool import ID_STRIDE
+from measure.store import Store
+from perfmodel.cluster import parse_profile
+from perfmodel.compare import bracket, comparison, run
+from perfmodel.compare.protocol import (
+    WAIT_FIELDS,
+    compute_wait,
+    held_out_set,
+    with_waits_of,
+)
+from perfmodel.errors import PerfmodelError
+from tests.test_set_a_gate import REPORTS, copy_runs
+
+REPO = Path(__file__).resolve().parent.parent
+SET_A = {n: next((REPORTS / f"local-2026-12-06-heldout-{n}" / "pooled").glob("*.sqlite"))
+         for n in (52, 53)}
+FIXTURE = REPO / "tests" / "fixtures" / "local_runs.json"
+
+
+def _profile(n: int):
+    path = REPORTS / f"local-2026-12-06-heldout-{n}" / "profile.toml"
+    return parse_profile(tomllib.loads(path.read_text()), path)
+
+
+@pytest.fixture(scope="module")
+def two_set_as(tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("bracket") / "store.sqlite")
+    before = copy_runs(SET_A[52], store)
+    after = copy_runs(SET_A[53], store)
+    return store, before, after
+
+
+# ---------------------------------------------------------------- the waits a run slept
+
+
+def test_a_timed_wait_keeps_the_waits_it_slept_and_takes_the_rest_from_the_later_fit():
+    first, later = _profile(52), _profile(53)
+    mixed = with_waits_of(later, first)
+    timed = [h for h in held_out_set() if h.timed_wait]
+    assert len(timed) == 6
+    for h in timed:
+        assert compute_wait(h, mixed) == compute_wait(h, first)
+        assert compute_wait(h, mixed) != compute_wait(h, later)    # the two fits differ
+    for f in dataclasses.fields(later.compute):
+        want = (first if f.name in WAIT_FIELDS else later).compute
+        assert getattr(mixed.compute, f.name) == getattr(want, f.name), f.name
+    assert dataclasses.replace(mixed, compute=later.compute) == later
+
+
+def test_only_timed_wait_rows_take_the_first_fits_waits():
+    first, later = _profile(52), _profile(53)
+    rows = tuple(h for h in held_out_set() if h.key in ("ddp-mlp-b32", "ddp-mlp-tw4"))
+    plain = run.predict_all(rows, later, None, steps=6, seed=0)
+    waited = run.predict_all(rows, later, None, steps=6, seed=0, waits=first)
+    assert plain[0] == waited[0]                                    # real compute: unchanged
+    assert plain[1]["step_time_s"] != waited[1]["step_time_s"]
+    # ... and is the later fit with the first's waits (protocol.with_waits_of)
+    assert waited[1] == run.predict_all(rows[1:], with_waits_of(later, first), None, steps=6,
+                                        seed=0)[0]
+
+
+# ---------------------------------------------------------------- the pooled fit
+
+
+def test_both_set_as_are_fitted_as_one(two_set_as):
+    store, before, after = two_set_as
+    b = bracket.fit(store, before, after, "local")
+    assert b.pooled_ids[:len(before)] == tuple(before)
+    assert b.pooled_ids[len(before):] == tuple(ID_STRIDE + i for i in after)
+    first = comparison._fit_set_a(store, before, [], "local")[1]
+    lo, hi = sorted((first["compute"]["ddp_cpu_work_factor"],
+                     b.after_alone["compute"]["ddp_cpu_work_factor"]))
+    assert (lo, hi) == pytest.approx((0.84, 1.08), abs=0.01)        # reports 53 and 52
+    # a median over both sets' runs lies between the two sets' medians
+    assert lo <= b.data["compute"]["ddp_cpu_work_factor"] <= hi
+    m = bracket.meta(first, b, ["| a headline |"], ["step time: missed"])
+    assert json.loads(json.dumps(m)) == m
+    shown = {r["field"]: r for r in m["fitted"]}
+    assert shown["compute.ddp_cpu_work_factor"]["before"] == hi
+    text = "\n".join(bracket.markdown(m))
+    assert f"runs {min(after)}-{max(after)}" in text
+    assert "| a headline |" in text and "missed before: step time: missed" in text
+
+
+def test_the_closing_set_a_is_measured_afresh_and_a_refused_pool_keeps_the_first(
+        monkeypatch, two_set_as):
+    store, before, after = two_set_as
+    calls = []
+
+    def fake_calibrate(cluster, store_, here, **kw):
+        calls.append(kw.get("fresh"))
+        return list(after)
+
+    monkeypatch.setattr(comparison, "calibrate_set_a", fake_calibrate)
+    closing, notes = comparison.close_bracket(
+        store, "local", {"ids": list(before)}, here="h", max_time_s=None, quick=False,
+        progress=None, run_protocol=None, notes=["kept"])
+    assert calls == [True] and notes == ["kept"]
+    assert closing.ids_after == tuple(after)
+
+    def refuse(*a, **k):
+        raise PerfmodelError("not one machine")
+
+    monkeypatch.setattr(bracket, "fit", refuse)
+    closing, notes = comparison.close_bracket(
+        store, "local", {"ids": list(before)}, here="h", max_time_s=None, quick=False,
+        progress=None, run_protocol=None, notes=[])
+    assert closing is None
+    assert len(notes) == 1 and "not one machine" in notes[0] and "first set A alone" in notes[0]
+
+
+def test_bracket_with_a_fitted_profile_is_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "perfmodel", "compare", "--cluster", "local", "--bracket",
+         "--profile", str(REPORTS / "local-2026-12-06-heldout-53" / "profile.toml"),
+         "--db", str(tmp_path / "db.sqlite"), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--bracket" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_a_bracketed_quick_comparison_end_to_end(monkeypatch, tmp_path):
+    """A real --quick comparison (set B measured now, twice) whose closing set A is the
+    recorded fixture loaded again: both predictions written, the rows from the second,
+    the first's headline in the report."""
+    from tests.fixtures.runs_json import load_into_store
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    store = Store(tmp_path / "db.sqlite")
+    load_into_store(FIXTURE, store, tmp_path / "first")
+    loaded = []
+
+    def fake_calibrate(cluster, store_, here, **kw):
+        assert kw.get("fresh")
+        ids = load_into_store(FIXTURE, store_, tmp_path / "again")
+        loaded.extend(sorted(i for i in ids.values()
+                             if store_.get_run(i).row.config.get("calibration")))
+        return list(loaded)
+
+    monkeypatch.setattr(comparison, "calibrate_set_a", fake_calibrate)
+    out = tmp_path / "report"
+    done = comparison.compare(store, "local", out=out, quick=True, repeats=2,
+                              allow_other_host=True, torch_memory="none", bracketed=True,
+                              command_line="perfmodel compare --bracket")
+    first = json.loads((out / "predictions.json").read_text())["predictions"]
+    second = json.loads((out / bracket.PREDICTIONS).read_text())["predictions"]
+    assert (out / bracket.PROFILE).exists() and [p["key"] for p in first] == [
+        p["key"] for p in second]
+    # the same set A twice fits what it fits once: the same predictions, to the fits'
+    # numerical tolerance (an iterative fit over every point twice; a host phase is >= 1 %)
+    for p, q in zip(first, second, strict=True):
+        assert q["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-3), p["key"]
+    doc = json.loads((out / "comparisons.json").read_text())
+    meta = doc["meta"]["bracket"]
+    assert meta["ids_after"] == loaded and not set(loaded) & set(meta["ids_before"])
+    by_key = {p["key"]: p for p in second}
+    for c in doc["comparisons"]:
+        assert c["step_time_predicted"] == pytest.approx(by_key[c["key"]]["step_time_s"])
+    text = done.report.read_text()
+    assert "## Set A before and after set B" in text
+    assert all(line in text for line in meta["headline_before"])   # the first's headline
