@@ -15,6 +15,14 @@ tool still needs a report whose plan is committed before its runs (docs/model.md
 such replays "explorations on seen data").
 
     python benchmarks/replay_reports.py reports/local-2026-12-05-heldout-28 ... [--json out.json]
+    python benchmarks/replay_reports.py reports/local-2026-12-06-heldout-52 \
+        --after reports/local-2026-12-06-heldout-53/pooled/report-53-set-a.sqlite
+
+A report made with `perfmodel compare --bracket` keeps its closing set A beside the first
+(pooled/*-after.sqlite): it is replayed as the report predicted, each row the geometric mean
+of the two set As' predictions, the timed waits with the first's waits
+(perfmodel/compare/bracket.py). `--after STORE` replays one report so, with another store's
+set A standing in for the closing one (an exploration).
 
 With the report made by the code checked out now, the replay reproduces its predictions
 (to the profile file's rounding).
@@ -48,6 +56,7 @@ def calibrate(set_a: Path, home: Path) -> None:
     1-process round, since report 46) measured those runs on the machine of the day, and
     two replays of report 41 fitted different profiles (2026-12-06); a day later it would
     measure all of set A again."""
+    home.mkdir(parents=True, exist_ok=True)
     db = home / "set-a.sqlite"
     shutil.copy(set_a, db)                      # fitting may write its notes into the store
     code = ("import sys\n"
@@ -61,11 +70,17 @@ def calibrate(set_a: Path, home: Path) -> None:
                    capture_output=True, env={**os.environ, "XDG_DATA_HOME": str(home)})
 
 
-def replay(report: Path) -> list[dict]:
-    """Every held-out row of `report`: key, mode, predicted and measured step (s), errors."""
+def replay(report: Path, after: Path | None = None) -> list[dict]:
+    """Every held-out row of `report`: key, mode, predicted and measured step (s), errors;
+    bracketed where the report keeps a closing set A (pooled/*-after.sqlite) or `after`
+    names one (see the module docstring)."""
     stores = sorted((report / "pooled").glob("*.sqlite"))
-    if len(stores) != 1:
-        raise SystemExit(f"{report}: expected one set A store under pooled/, found {len(stores)}")
+    closing = [p for p in stores if p.stem.endswith("-after")]
+    stores = [p for p in stores if p not in closing]
+    if len(stores) != 1 or len(closing) > 1:
+        raise SystemExit(f"{report}: expected one set A store under pooled/ (and at most one "
+                         f"*-after.sqlite), found {len(stores)} and {len(closing)}")
+    after = after or (closing[0] if closing else None)
     measured = {r["key"]: r for r in csv.DictReader((report / "comparisons.csv").open())}
     # the report's own timed steps (12 before report 31; protocol.STEPS['full'] now) and its
     # PS rows' (the same before report 42; protocol.PS_STEPS['full'] since)
@@ -73,27 +88,15 @@ def replay(report: Path) -> list[dict]:
     steps, repeats = meta["steps"], int(meta.get("repeats") or 1)
     ps_steps = int(meta.get("ps_steps") or steps)
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        calibrate(stores[0], home)
-        code = (
-            "import json, sys\n"
-            "from perfmodel.cluster import load_cluster\n"
-            "from perfmodel.compare import protocol, run\n"
-            "held_out = protocol.held_out_set()\n"
-            "import inspect\n"      # intervals for the report's repeats, where the code has them
-            "known = inspect.signature(run.predict_all).parameters\n"
-            f"kw = {{k: v for k, v in (('repeats', {repeats}), ('ps_steps', {ps_steps}))\n"
-            "      if k in known}\n"
-            "records = run.predict_all(held_out, load_cluster('local'), None,\n"
-            f"                          steps={int(steps)}, seed={SEED},\n"
-            "                          **kw)\n"
-            "json.dump({r['key']: [r['step_time_s'], r['staleness_worker_means'],\n"
-            "                      r['speed'], r.get('staleness_intervals')]\n"
-            "           for r in records}, sys.stdout)\n")
-        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
-                              capture_output=True, text=True,
-                              env={**os.environ, "XDG_DATA_HOME": str(home)})
-    predicted = json.loads(done.stdout)
+        first, closing_home = Path(tmp) / "first", Path(tmp) / "after"
+        calibrate(stores[0], first)
+        predicted = predict(first, None, steps=steps, repeats=repeats, ps_steps=ps_steps)
+        if after is not None:
+            calibrate(after, closing_home)
+            later = predict(closing_home, first, steps=steps, repeats=repeats,
+                            ps_steps=ps_steps)
+            predicted = {k: [float(np.sqrt(v[0] * later[k][0])), *v[1:]]
+                         for k, v in predicted.items()}
     rows = []
     for key, m in measured.items():
         if key not in predicted or not m["step_time_measured"]:
@@ -105,6 +108,35 @@ def replay(report: Path) -> list[dict]:
                      "report_error": float(m["step_time_error"]),
                      **_staleness(m, by_worker, speed, intervals)})
     return rows
+
+
+def predict(home: Path, waits: Path | None, *, steps: int, repeats: int,
+            ps_steps: int) -> dict[str, list]:
+    """Every held-out row predicted from the profile fitted into data home `home`, as
+    `perfmodel compare` does; timed waits with the waits of `waits`' profile where given."""
+    code = (
+        "import json, sys, tomllib\n"
+        "from pathlib import Path\n"
+        "from perfmodel.cluster import load_cluster, parse_profile\n"
+        "from perfmodel.compare import protocol, run\n"
+        "held_out = protocol.held_out_set()\n"
+        "import inspect\n"      # intervals for the report's repeats, where the code has them
+        "known = inspect.signature(run.predict_all).parameters\n"
+        f"kw = {{k: v for k, v in (('repeats', {repeats}), ('ps_steps', {ps_steps}))\n"
+        "      if k in known}\n"
+        "if len(sys.argv) > 1:\n"
+        "    p = next(Path(sys.argv[1]).glob('perfmodel/profiles/local.toml'))\n"
+        "    kw['waits'] = parse_profile(tomllib.loads(p.read_text()), p)\n"
+        "records = run.predict_all(held_out, load_cluster('local'), None,\n"
+        f"                          steps={int(steps)}, seed={SEED},\n"
+        "                          **kw)\n"
+        "json.dump({r['key']: [r['step_time_s'], r['staleness_worker_means'],\n"
+        "                      r['speed'], r.get('staleness_intervals')]\n"
+        "           for r in records}, sys.stdout)\n")
+    done = subprocess.run([sys.executable, "-c", code, *([str(waits)] if waits else [])],
+                          cwd=REPO, check=True, capture_output=True, text=True,
+                          env={**os.environ, "XDG_DATA_HOME": str(home)})
+    return json.loads(done.stdout)
 
 
 def _staleness(m: dict, by_worker: dict, speed: list, intervals: dict | None) -> dict:
@@ -136,10 +168,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="+", type=Path, help="reports/local-*-heldout-N folders")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--after", type=Path, help="exploration: this store's set A as the "
+                        "report's closing set A (perfmodel compare --bracket)")
     args = parser.parse_args()
+    if args.after and len(args.reports) != 1:
+        parser.error("--after takes one report")
     everything = {}
     for report in args.reports:
-        rows = replay(report)
+        rows = replay(report, args.after)
         everything[report.name] = rows
         print(f"\n{report.name}: step time, predicted now (ms) / measured then (ms), error now "
               f"[the report's]")

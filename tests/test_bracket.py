@@ -1,4 +1,4 @@
-"""Set A before and after set B, fitted as one (perfmodel/compare/bracket.py, `--bracket`).
+"""Set A before and after set B, set B predicted from each (perfmodel/compare/bracket.py).
 
 Two committed set As of one machine stand in for "before" and "after": report 52's (fitted
 compute.ddp_cpu_work_factor 1.08) and report 53's (0.84), copied into one store as
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import tomllib
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from calibration.pool import ID_STRIDE
 from measure.store import Store
 from perfmodel.cluster import parse_profile
 from perfmodel.compare import bracket, comparison, run
@@ -81,21 +81,40 @@ def test_only_timed_wait_rows_take_the_first_fits_waits():
 # ---------------------------------------------------------------- the pooled fit
 
 
-def test_both_set_as_are_fitted_as_one(two_set_as):
+def _record(key, step, thr, low, high, compute):
+    return {"key": key, "step_time_s": step, "throughput_samples_per_s": thr,
+            "step_time_interval_s": {"low": low, "high": high, "coverage": 0.9},
+            "breakdown": {"compute_s": compute, "comm_exposed_s": 0.01, "wait_s": 0.0},
+            "staleness_mean": 1.5, "peak_memory_bytes": 7}
+
+
+def test_a_bracketed_prediction_is_the_geometric_mean_of_the_two_by_hand():
+    first = _record("a", 0.040, 1600.0, 0.036, 0.044, 0.030)
+    after = _record("a", 0.090, 711.1, 0.081, 0.099, 0.050)
+    got = bracket.combine(first, after)
+    assert got["step_time_s"] == pytest.approx(0.060)                # sqrt(0.04 * 0.09)
+    assert got["throughput_samples_per_s"] == pytest.approx(math.sqrt(1600.0 * 711.1))
+    assert got["step_time_interval_s"] == pytest.approx(
+        {"low": 0.054, "high": 0.066, "coverage": 0.9})
+    assert got["breakdown"]["compute_s"] == pytest.approx(0.040)
+    assert got["staleness_mean"] == 1.5 and got["peak_memory_bytes"] == 7   # the first's
+    assert got["bracket"] == {"step_time_s_before": 0.040, "step_time_s_after": 0.090}
+    assert bracket.combine(first, first)["step_time_s"] == pytest.approx(0.040)
+    with pytest.raises(ValueError):
+        bracket.combine(first, _record("b", 0.09, 711.1, 0.08, 0.1, 0.05))
+
+
+def test_the_closing_set_a_is_fitted_alone_and_shown_beside_the_first(two_set_as):
     store, before, after = two_set_as
     b = bracket.fit(store, before, after, "local")
-    assert b.pooled_ids[:len(before)] == tuple(before)
-    assert b.pooled_ids[len(before):] == tuple(ID_STRIDE + i for i in after)
     first = comparison._fit_set_a(store, before, [], "local")[1]
-    lo, hi = sorted((first["compute"]["ddp_cpu_work_factor"],
-                     b.after_alone["compute"]["ddp_cpu_work_factor"]))
-    assert (lo, hi) == pytest.approx((0.84, 1.08), abs=0.01)        # reports 53 and 52
-    # a median over both sets' runs lies between the two sets' medians
-    assert lo <= b.data["compute"]["ddp_cpu_work_factor"] <= hi
+    assert first["compute"]["ddp_cpu_work_factor"] == pytest.approx(1.08, abs=0.01)  # 52
+    assert b.data["compute"]["ddp_cpu_work_factor"] == pytest.approx(0.84, abs=0.01)  # 53
     m = bracket.meta(first, b, ["| a headline |"], ["step time: missed"])
     assert json.loads(json.dumps(m)) == m
     shown = {r["field"]: r for r in m["fitted"]}
-    assert shown["compute.ddp_cpu_work_factor"]["before"] == hi
+    assert shown["compute.ddp_cpu_work_factor"] == pytest.approx(
+        {"field": "compute.ddp_cpu_work_factor", "before": 1.08, "after": 0.84}, abs=0.01)
     text = "\n".join(bracket.markdown(m))
     assert f"runs {min(after)}-{max(after)}" in text
     assert "| a headline |" in text and "missed before: step time: missed" in text
@@ -171,10 +190,11 @@ def test_a_bracketed_quick_comparison_end_to_end(monkeypatch, tmp_path):
     second = json.loads((out / bracket.PREDICTIONS).read_text())["predictions"]
     assert (out / bracket.PROFILE).exists() and [p["key"] for p in first] == [
         p["key"] for p in second]
-    # the same set A twice fits what it fits once: the same predictions, to the fits'
-    # numerical tolerance (an iterative fit over every point twice; a host phase is >= 1 %)
-    for p, q in zip(first, second, strict=True):
-        assert q["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-3), p["key"]
+    # the same set A measured twice predicts what it predicts once
+    after = json.loads((out / bracket.AFTER).read_text())["predictions"]
+    for p, q, r in zip(first, second, after, strict=True):
+        assert q["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
+        assert r["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
     doc = json.loads((out / "comparisons.json").read_text())
     meta = doc["meta"]["bracket"]
     assert meta["ids_after"] == loaded and not set(loaded) & set(meta["ids_before"])

@@ -112,7 +112,7 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                        (data.get("calibration") or {}).get("self_check_warnings") or [])]
     protocol.check_disjoint(held_out, suite_configs)
     out.mkdir(parents=True, exist_ok=True)
-    profile = first_profile = write_profile(data, out / "profile.toml")
+    profile = write_profile(data, out / "profile.toml")
     errors = calibration_errors(data)
     predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
                                   repeats=repeats, ps_steps=ps_steps)
@@ -143,11 +143,10 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
             store, cluster, set_a, here=here, max_time_s=max_time_s, quick=quick,
             progress=calibration_progress, run_protocol=run_protocol, notes=notes)
     if closing is not None:
-        profile, errors, predictions, bracket_meta = predict_bracketed(
-            closing, first_profile, data, predictions, store, found, out,
+        predictions, bracket_meta = predict_bracketed(
+            closing, profile, data, predictions, store, found, out,
             held_out=held_out, steps=steps, ps_steps=ps_steps, seed=seed, repeats=repeats,
             command_line=command_line, cluster=cluster)
-        data = closing.data
     rows = run.collect(store, predictions, found.ok, found.failed)
     rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
     twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
@@ -250,16 +249,15 @@ def _write_predictions(path: Path, predictions: list[dict[str, Any]], command_li
 def close_bracket(store, cluster: str, set_a: dict[str, Any], *, here: str,
                   max_time_s: float | None, quick: bool, progress: Progress | None,
                   run_protocol: RunProtocol | None, notes: list[str]):
-    """Measure set A again and fit it with the first (bracket.py): (the Bracket, notes), or
-    (None, notes + why) where the two cannot be pooled (calibration/pool.py: the compute
-    timings say another machine), and every row keeps the first set A's predictions."""
+    """Measure set A again and fit it (bracket.py): (the Bracket, notes), or (None, notes +
+    why) where its fit fails, and every row keeps the first set A's predictions."""
     ids_after = calibrate_set_a(cluster, store, here, max_time_s=max_time_s, quick=quick,
                                 progress=progress, run_protocol=run_protocol, fresh=True)
     try:
         return bracket.fit(store, set_a["ids"], ids_after, cluster), notes
     except PerfmodelError as e:
         return None, [*notes, f"Set A measured again after set B (runs {min(ids_after)}-"
-                              f"{max(ids_after)}) was not fitted with the first: {e}. Every "
+                              f"{max(ids_after)}) could not be fitted: {e}. Every "
                               f"row is predicted from the first set A alone."]
 
 
@@ -267,20 +265,23 @@ def predict_bracketed(closing: bracket.Bracket, first_profile: ClusterProfile,
                       first_data: dict[str, Any], first: list[dict[str, Any]], store,
                       found: run.Measurements, out: Path, *, held_out, steps: int,
                       ps_steps: int, seed: int, repeats: int, command_line: str, cluster: str):
-    """(profile, errors, predictions, meta['bracket']) from both set As: the pooled fit
-    written beside the first, set B predicted from it (timed waits with the waits their
-    runs slept) and written before any run is paired with a prediction; the first
+    """(bracketed predictions, meta['bracket']): set B predicted from the closing set A
+    (timed waits with the waits their runs slept), each record combined with the first's
+    (bracket.combine), both written before any run is paired with a prediction; the first
     predictions' headline kept for the report."""
-    profile = write_profile(closing.data, out / bracket.PROFILE)
-    errors = calibration_errors(closing.data)
-    predictions = run.predict_all(held_out, profile, errors, steps=steps, seed=seed,
-                                  repeats=repeats, ps_steps=ps_steps, waits=first_profile)
+    after_profile = write_profile(closing.data, out / bracket.PROFILE)
+    after = run.predict_all(held_out, after_profile, calibration_errors(closing.data),
+                            steps=steps, seed=seed, repeats=repeats, ps_steps=ps_steps,
+                            waits=first_profile)
+    _write_predictions(out / bracket.AFTER, after, command_line, cluster, seed, steps,
+                       ps_steps)
+    predictions = [bracket.combine(a, b) for a, b in zip(first, after, strict=True)]
     _write_predictions(out / bracket.PREDICTIONS, predictions, command_line, cluster, seed,
                        steps, ps_steps)
     rows_first = [r for r in run.collect(store, first, found.ok, found.failed)
                   if r.key not in found.skipped or r.run_ids]
-    return (profile, errors, predictions,
-            bracket.meta(first_data, closing, *report.headline_lines(rows_first)))
+    return predictions, bracket.meta(first_data, closing,
+                                     *report.headline_lines(rows_first))
 
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
