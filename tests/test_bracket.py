@@ -2,8 +2,8 @@
 
 Two committed set As of one machine stand in for "before" and "after": report 52's (fitted
 compute.ddp_cpu_work_factor 1.08) and report 53's (0.84), copied into one store as
-tests/test_set_a_gate.py does. The end-to-end test runs a real --quick comparison whose
-closing set A is the recorded fixture loaded a second time.
+tests/test_set_a_gate.py does. The end-to-end --quick comparison in tests/test_compare.py
+runs bracketed, its closing set A the recorded fixture loaded a second time.
 """
 
 from __future__ import annotations
@@ -157,50 +157,3 @@ def test_bracket_with_a_fitted_profile_is_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--bracket" in lines[0]
     assert not (tmp_path / "out").exists()
-
-
-# ---------------------------------------------------------------- end to end
-
-
-@pytest.mark.slow
-def test_a_bracketed_quick_comparison_end_to_end(monkeypatch, tmp_path):
-    """A real --quick comparison (set B measured now, twice) whose closing set A is the
-    recorded fixture loaded again: both predictions written, the rows from the second,
-    the first's headline in the report."""
-    from tests.fixtures.runs_json import load_into_store
-
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    store = Store(tmp_path / "db.sqlite")
-    load_into_store(FIXTURE, store, tmp_path / "first")
-    loaded = []
-
-    def fake_calibrate(cluster, store_, here, **kw):
-        assert kw.get("fresh")
-        ids = load_into_store(FIXTURE, store_, tmp_path / "again")
-        loaded.extend(sorted(i for i in ids.values()
-                             if store_.get_run(i).row.config.get("calibration")))
-        return list(loaded)
-
-    monkeypatch.setattr(comparison, "calibrate_set_a", fake_calibrate)
-    out = tmp_path / "report"
-    done = comparison.compare(store, "local", out=out, quick=True, repeats=2,
-                              allow_other_host=True, torch_memory="none", bracketed=True,
-                              command_line="perfmodel compare --bracket")
-    first = json.loads((out / "predictions.json").read_text())["predictions"]
-    second = json.loads((out / bracket.PREDICTIONS).read_text())["predictions"]
-    assert (out / bracket.PROFILE).exists() and [p["key"] for p in first] == [
-        p["key"] for p in second]
-    # the same set A measured twice predicts what it predicts once
-    after = json.loads((out / bracket.AFTER).read_text())["predictions"]
-    for p, q, r in zip(first, second, after, strict=True):
-        assert q["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
-        assert r["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
-    doc = json.loads((out / "comparisons.json").read_text())
-    meta = doc["meta"]["bracket"]
-    assert meta["ids_after"] == loaded and not set(loaded) & set(meta["ids_before"])
-    by_key = {p["key"]: p for p in second}
-    for c in doc["comparisons"]:
-        assert c["step_time_predicted"] == pytest.approx(by_key[c["key"]]["step_time_s"])
-    text = done.report.read_text()
-    assert "## Set A before and after set B" in text
-    assert all(line in text for line in meta["headline_before"])   # the first's headline

@@ -14,7 +14,7 @@ What is checked and why:
 - timed-wait compute: every parameter gets a gradient, backward waits unit by unit in
   reverse order (DDP buckets in reverse parameter order, torch 2.13 reducer), and oversleep
   is paid back;
-- end to end (slow): a real --quick comparison on 2 CPU workers.
+- end to end (slow): a real --quick comparison on 2 CPU workers, bracketed (--bracket).
 """
 
 from __future__ import annotations
@@ -492,35 +492,51 @@ def test_timed_wait_config_is_checked():
 
 
 @pytest.mark.slow
-def test_quick_comparison_end_to_end(tmp_path):
+def test_quick_comparison_end_to_end(tmp_path, monkeypatch):
     """A real --quick comparison: set A from the recorded calibration runs of this project's
     VM (tests/fixtures/local_runs.json; another host here, hence --allow-other-host), set B
-    measured now on 2 gloo workers, twice each."""
+    measured now on 2 gloo workers, twice each; bracketed (--bracket), its closing set A the
+    fixture loaded again (one real comparison serves both: the whole flow is the slow part).
+    The command line's --predict-only writes the predictions the comparison writes first."""
     from measure.store import Store
+    from perfmodel.compare import bracket, comparison
     from tests.fixtures.runs_json import load_into_store
 
     db = tmp_path / "db.sqlite"
     load_into_store(FIXTURE, Store(db), tmp_path / "fixture-runs")
     out = tmp_path / "report"
     env = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
     args = ["--cluster", "local", "--quick", "--allow-other-host", "--db", str(db),
             "--out", str(out), "--torch-memory", "none", "--repeats", "2"]
     first = _cli(*args, "--predict-only", env=env)
     assert first.returncode == 0, first.stderr
     predictions = json.loads((out / "predictions.json").read_text())["predictions"]
-    done = _cli(*args, env=env, timeout=E2E_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-3000:]
-    # the same command predicts the same (seeded)
+    loaded: list[int] = []
+
+    def closing_set_a(cluster, store, here, **kw):
+        assert kw.get("fresh")
+        ids = load_into_store(FIXTURE, store, tmp_path / "again")
+        loaded.extend(sorted(i for i in ids.values()
+                             if store.get_run(i).row.config.get("calibration")))
+        return list(loaded)
+
+    monkeypatch.setattr(comparison, "calibrate_set_a", closing_set_a)
+    done = comparison.compare(Store(db), "local", out=out, quick=True, repeats=2,
+                              allow_other_host=True, torch_memory="none", bracketed=True,
+                              command_line=" ".join(["perfmodel", "compare", *args]))
+    # the same command predicts the same (seeded), before any run
     again = json.loads((out / "predictions.json").read_text())["predictions"]
     assert again == predictions
     for name in ("report.md", "comparisons.csv", "comparisons.json", "profile.toml",
-                 "scatter.png", "memory.png", "timeline.png"):
+                 "scatter.png", "memory.png", "timeline.png", bracket.PREDICTIONS,
+                 bracket.AFTER, bracket.PROFILE):
         assert (out / name).exists(), name
     check_report_agrees(out)
     doc = json.loads((out / "comparisons.json").read_text())
     assert {c["key"] for c in doc["comparisons"]} == {h.key for h in held_out_set(True)}
     assert all(len(c["runs"].split()) + len(c["failed"]) == 2 for c in doc["comparisons"])
-    text = (out / "report.md").read_text()
+    text = done.report.read_text()
     assert "TIMED-WAIT" in text and "perfmodel compare --cluster local --quick" in text
     assert np.isfinite([c["step_time_error"] for c in doc["comparisons"]
                         if c["step_time_error"] is not None]).all()
@@ -530,6 +546,20 @@ def test_quick_comparison_end_to_end(tmp_path):
                   for mode in ("real", "timed-wait"))
     assert counted == sum(len(c["runs"].split()) for c in doc["comparisons"])   # every run once
     assert "Round by round" in text
+    # bracketed: the rows are the bracketed predictions; the same set A measured twice
+    # predicts what it predicts once; the first set A's headline stands in the report
+    second = json.loads((out / bracket.PREDICTIONS).read_text())["predictions"]
+    after = json.loads((out / bracket.AFTER).read_text())["predictions"]
+    for p, q, r in zip(predictions, second, after, strict=True):
+        assert q["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
+        assert r["step_time_s"] == pytest.approx(p["step_time_s"], rel=1e-9), p["key"]
+    meta = doc["meta"]["bracket"]
+    assert meta["ids_after"] == loaded and not set(loaded) & set(meta["ids_before"])
+    by_key = {p["key"]: p for p in second}
+    for c in doc["comparisons"]:
+        assert c["step_time_predicted"] == pytest.approx(by_key[c["key"]]["step_time_s"])
+    assert "## Set A before and after set B" in text
+    assert all(line in text for line in meta["headline_before"])
 
 
 @pytest.mark.slow
