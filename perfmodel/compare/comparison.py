@@ -137,18 +137,17 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
     membership = None if quick else elastic_run.run_all(
         profile, errors, store, out, seed=seed, repeats=repeats, max_time_s=max_time_s,
         progress=progress, protocol=run_protocol)
-    closing = None
+    bracket_meta = None
     if bracketed:
         closing, notes = close_bracket(
             store, cluster, set_a, here=here, max_time_s=max_time_s, quick=quick,
             progress=calibration_progress, run_protocol=run_protocol, notes=notes)
-    if closing is not None:
-        predictions, bracket_meta = predict_bracketed(
-            closing, profile, data, predictions, store, found, out,
-            held_out=held_out, steps=steps, ps_steps=ps_steps, seed=seed, repeats=repeats,
-            command_line=command_line, cluster=cluster)
-    rows = run.collect(store, predictions, found.ok, found.failed)
-    rows = [r for r in rows if r.key not in found.skipped or r.run_ids]
+        predictions, bracket_meta = (predictions, {"refused": notes[-1]}) if closing is None \
+            else predict_bracketed(closing, profile, data, predictions, store, found, out,
+                                   held_out=held_out, steps=steps, ps_steps=ps_steps,
+                                   seed=seed, repeats=repeats, command_line=command_line,
+                                   cluster=cluster)
+    rows = paired(store, predictions, found)
     twins = summary.memory_twins(held_out, predictions, profile, suite_configs, seed=seed)
     rows = [dataclasses.replace(r, memory_twin=twins.get(r.key, "")) for r in rows]
     torch_rows, torch_note = summary.torch_memory_rows(
@@ -170,8 +169,8 @@ def compare(store: Store, cluster: str, *, out: Path, quick: bool = False, repea
                                           anchor_prediction(drift, profile, seed)).as_dict(),
                           "why": spec.why}
     meta["by_round"] = by_round(store, predictions, found, meta.get("anchor"))
-    if bracketed:
-        meta["bracket"] = bracket_meta if closing is not None else {"refused": notes[-1]}
+    if bracket_meta is not None:
+        meta["bracket"] = bracket_meta
     elastic_lines: list[str] = []
     if membership is not None:
         if membership["measured"][elastic.HELD_OUT[0].key]:
@@ -278,10 +277,15 @@ def predict_bracketed(closing: bracket.Bracket, first_profile: ClusterProfile,
     predictions = [bracket.combine(a, b) for a, b in zip(first, after, strict=True)]
     _write_predictions(out / bracket.PREDICTIONS, predictions, command_line, cluster, seed,
                        steps, ps_steps)
-    rows_first = [r for r in run.collect(store, first, found.ok, found.failed)
-                  if r.key not in found.skipped or r.run_ids]
     return predictions, bracket.meta(first_data, closing,
-                                     *report.headline_lines(rows_first))
+                                     *report.headline_lines(paired(store, first, found)))
+
+
+def paired(store, predictions: list[dict[str, Any]], found: run.Measurements):
+    """Each prediction paired with its runs (run.collect), less the configurations skipped
+    before any run."""
+    return [r for r in run.collect(store, predictions, found.ok, found.failed)
+            if r.key not in found.skipped or r.run_ids]
 
 
 def profile_data(store, cluster: str, *, profile_path, calibrate: bool, here: str,
