@@ -40,10 +40,11 @@ it feeds (calibration/from_store.py):
   wait strays on a crowded host (`compute.timed_wait_spread_ms`), which decides who
   reaches a serial server first. Nothing else is fitted on it.
 - ddp-crowded (CPU hosts, full suite): DDP of the same workload with three times as many
-  ranks as cores (6 on 2), its compute a timed wait, `CROWDED_DDP_REPEATS` runs: the CPU
-  work the node does per step (every rank's process CPU, measure/cpu_meter.py) over what the
-  model's crowded-node floor counts (perfmodel/sim/cores.py `node_cpu_work_s`),
-  `compute.ddp_cpu_work_factor` (calibration/fit_cores.py). Nothing else is fitted on it.
+  ranks as cores (6 on 2), its compute a timed wait, `CROWDED_DDP_REPEATS` runs spread
+  through the training runs: the CPU work the node does per step (every rank's process CPU,
+  measure/cpu_meter.py) over what the model's crowded-node floor counts
+  (perfmodel/sim/cores.py `node_cpu_work_s`), `compute.ddp_cpu_work_factor`
+  (calibration/fit_cores.py). Nothing else is fitted on it.
 - cores (CPU hosts): the first workload's whole steps timed in 1, 2 and 3 processes at once,
   interleaved 1, 2, 3, 1, 2, 3 (`CORES_REPEATS` rounds), for compute under core sharing
   (calibration/fit_cores.py); 3 processes on 2 cores oversubscribe on purpose. Each is
@@ -52,10 +53,10 @@ it feeds (calibration/from_store.py):
   1-process timings run once more at the very end of set A (`cores_late_round`, full suite):
   the phases also last minutes, and those timings set one process's speed for every row.
 
-The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats
-alternate with the other training runs (ddp 1, ddp mlp, ddp 2, ps, ddp 3) instead of running
-back to back, so that a change in the machine's load during the calibration does not sit in
-one configuration's repeats.
+The training runs are interleaved (measure/protocol.py `interleave`): the DDP repeats and
+the crowded DDP repeats alternate with the other training runs (ddp 1, crowded 1, ddp mlp,
+ddp 2, crowded 2, ps, ...) instead of running back to back, so that a change in the
+machine's load during the calibration does not sit in one configuration's repeats.
 
 On this 2-core host a launch spends most of its time importing torch (3-8 s per process,
 more when the host is busy), so the suite is a few launches doing several things each.
@@ -131,7 +132,13 @@ TIMED_WAIT_STEPS = 40               # CPU hosts: the crowded timed-wait PS run (
 # (two runs each, interleaved): each rank's gloo CPU a step grew as a ring's bytes, 2(p-1)/p,
 # and its training thread's stayed 7.4-8.2 ms, so one level stands for 4 and 8 ranks.
 CROWDED_DDP_RANKS_PER_RANK = 3
-CROWDED_DDP_REPEATS = 2
+# Four since session 36 (two until then), spread through the training runs (they ran back to
+# back at the end). The node's CPU a step moves with the host's phase: report 54's set A
+# timed 142 and 164 core-ms in its two runs (factor 1.10 and 1.27, fitted 1.19) where its
+# held-out 4- and 8-rank runs burned 0.91-1.16x the model's count, and the crowded rows,
+# whose step is this floor, came out 15-20 % slow; report 52's two gave 1.13 and 1.02. The
+# factor is a median of runs: with two, one phase moves it by half its swing.
+CROWDED_DDP_REPEATS = 4
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -302,7 +309,7 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
             f"{ranks} cores", config | timed_wait_config(w, int(config["batch_size"])),
             oversubscribe=True, optional=True)
     # CPU hosts: DDP of the same workload with three times as many ranks as cores, its
-    # compute a timed wait, twice: the CPU work such a node really does per step (gloo's
+    # compute a timed wait, four times: the CPU work such a node really does per step (gloo's
     # threads and every training thread, measure/cpu_meter.py) over what the model counts
     # for it, compute.ddp_cpu_work_factor (calibration/fit_cores.py). The held-out DDP timed
     # waits run 4 and 8 ranks; this runs 6.
@@ -384,12 +391,14 @@ def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:
 
 
 def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:
-    """The suite with the repeats of `repeated` alternating with the other training runs."""
+    """The suite with the repeats of `repeated`, and the crowded DDP repeats, alternating
+    with the other training runs."""
     training = [m for m in out if m.config["kind"] in ("ddp", "fsdp", "ps")]
     rest = _spread_collectives([m for m in out if m not in training])
     repeats = [m for m in training if m.key.rsplit("-", 1)[0] == repeated]
-    others = [m for m in training if m not in repeats]
-    return tuple(rest + interleave([repeats, others]))
+    crowded = [m for m in training if m.key.startswith("ddp-crowded-")]
+    others = [m for m in training if m not in repeats and m not in crowded]
+    return tuple(rest + interleave([repeats, crowded, others]))
 
 
 def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:

@@ -35,7 +35,7 @@ from calibration.from_store import (
 )
 from calibration.hardware import Gpu, Hardware, choose_base
 from calibration.profile_writer import write_profile
-from calibration.suite import build_suite, reusable_run
+from calibration.suite import CROWDED_DDP_REPEATS, build_suite, reusable_run
 from measure.store import Store
 from perfmodel.cluster import Link, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
@@ -222,9 +222,10 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     # 5 workers of equal speed and a server on 2 cores, asynchronous (no held-out config)
     [timed] = [m for m in full if m.config.get("compute_mode") == "timed-wait"
                and m.config["kind"] == "ps"]
-    # and two crowded DDP timed waits (compute.ddp_cpu_work_factor, tests/test_ddp_cpu_work.py)
+    # and the crowded DDP timed waits (compute.ddp_cpu_work_factor, tests/test_ddp_cpu_work.py)
     ddp_waits = [m for m in full if m.key.startswith("ddp-crowded-")]
-    assert [m.config.get("compute_mode") for m in ddp_waits] == ["timed-wait"] * 2
+    assert [m.config.get("compute_mode") for m in ddp_waits] == ["timed-wait"] * \
+        CROWDED_DDP_REPEATS
     assert timed.config["kind"] == "ps" and timed.config["workers"] == 5 and timed.nproc == 6
     assert timed.config["options"]["ps"]["mode"] == "async" and timed.config["speed"] == []
     assert timed.oversubscribe and timed.optional and timed.config["workload"] == "mlp"

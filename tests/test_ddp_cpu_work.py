@@ -141,6 +141,19 @@ def test_the_full_cpu_suite_times_ddp_crowded_at_three_ranks_per_core():
     check_disjoint(held_out_set(False), [m.config for m in full])   # not a held-out run
 
 
+def test_the_crowded_runs_are_spread_through_the_training_runs():
+    # Four, none next to another: the node's CPU a step moves with the host's phase (report
+    # 54's two back-to-back runs: factor 1.10 and 1.27), so the median takes runs minutes apart
+    full = build_suite("cpu", suite="local")
+    training = [m for m in full if m.config["kind"] in ("ddp", "fsdp", "ps")]
+    at = [i for i, m in enumerate(training) if m.key.startswith("ddp-crowded-")]
+    assert CROWDED_DDP_REPEATS == len(at) >= 4
+    assert all(b - a >= 2 for a, b in zip(at, at[1:], strict=False))
+    assert at[0] <= 2 and at[-1] < len(training) - 2      # from the first runs to the last
+    assert [training[i].config["calibration"]["repeat"] for i in at] == \
+        list(range(1, CROWDED_DDP_REPEATS + 1))
+
+
 # -- real runs ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
