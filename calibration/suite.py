@@ -313,12 +313,13 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     # threads and every training thread, measure/cpu_meter.py) over what the model counts
     # for it, compute.ddp_cpu_work_factor (calibration/fit_cores.py). The held-out DDP timed
     # waits run 4 and 8 ranks; this runs 6.
+    crowded_ddp = f"ddp-crowded-{max(names, key=_copy_weight)}"
     if kind == "cpu" and ranks >= 2 and not quick:
         w = max(names, key=_copy_weight)
         workers = CROWDED_DDP_RANKS_PER_RANK * ranks
         for r in range(1, CROWDED_DDP_REPEATS + 1):
             config = _training("ddp", w, workers, TIMED_WAIT_STEPS, {}, common)
-            add(f"ddp-crowded-{w}", f"ddp {w}, {workers} timed-wait workers on {ranks} cores "
+            add(crowded_ddp, f"ddp {w}, {workers} timed-wait workers on {ranks} cores "
                 f"({r} of {CROWDED_DDP_REPEATS})",
                 config | timed_wait_config(w, int(config["batch_size"]),
                                            optimizer_param_fraction=1.0),
@@ -336,7 +337,7 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                     add(f"cores-{w}-{busy}",
                         f"compute {w} in {busy} processes at once ({r} of {size.cores_repeats})",
                         cores(w, busy), r, oversubscribe=True, optional=True)
-    ordered = _interleave_training(out, f"ddp-{names[0]}")
+    ordered = _interleave_training(out, (f"ddp-{names[0]}", crowded_ddp))
     if kind == "cpu" and size.cores_late_round:     # last: after every training run
         out.clear()
         for w in cores_names:
@@ -390,15 +391,15 @@ def _spread_collectives(rest: list[Measurement]) -> list[Measurement]:
                                                              if m not in placed]
 
 
-def _interleave_training(out: list[Measurement], repeated: str) -> tuple[Measurement, ...]:
-    """The suite with the repeats of `repeated`, and the crowded DDP repeats, alternating
-    with the other training runs."""
+def _interleave_training(out: list[Measurement], repeated: tuple[str, ...]
+                         ) -> tuple[Measurement, ...]:
+    """The suite with the repeats of each item of `repeated` (a key without its repeat)
+    alternating with each other's and with the other training runs."""
     training = [m for m in out if m.config["kind"] in ("ddp", "fsdp", "ps")]
     rest = _spread_collectives([m for m in out if m not in training])
-    repeats = [m for m in training if m.key.rsplit("-", 1)[0] == repeated]
-    crowded = [m for m in training if m.key.startswith("ddp-crowded-")]
-    others = [m for m in training if m not in repeats and m not in crowded]
-    return tuple(rest + interleave([repeats, crowded, others]))
+    groups = [[m for m in training if m.key.rsplit("-", 1)[0] == item] for item in repeated]
+    others = [m for m in training if not any(m in g for g in groups)]
+    return tuple(rest + interleave([*groups, others]))
 
 
 def _sweep(kind: str, size: SuiteSize, ranks: int, common: dict) -> dict:
