@@ -232,11 +232,11 @@ def fit_whole_step_factor(step_s: Sequence[float], passes_s: Sequence[float]) ->
         raise PerfmodelError(f"compute.whole_step_factor: need >= 2 whole-step timings of one "
                              f"process alone with their modelled passes, found {steps.size}")
     ratio = steps / passes
-    f, stderr = _median_ratio(ratio)
+    f, stderr = median_ratio(ratio)
     return fit_result("compute.whole_step_factor", f, stderr, f / ratio - 1)
 
 
-def _median_ratio(ratio: np.ndarray) -> tuple[float, float]:
+def median_ratio(ratio: np.ndarray) -> tuple[float, float]:
     """(median, its standard error) of per-run ratios: the standard error of a median of n
     normal points, 1.2533 σ / √n; 0 for a single ratio."""
     if ratio.size < 2:
@@ -262,5 +262,5 @@ def fit_ddp_cpu_work_factor(measured_s: Sequence[float], modelled_s: Sequence[fl
             f"run, got {measured.size} measured and {modelled.size} modelled (`perfmodel "
             f"calibrate` runs ddp-crowded on CPU hosts)")
     ratio = measured / modelled
-    value, stderr = _median_ratio(ratio)
+    value, stderr = median_ratio(ratio)
     return fit_result("compute.ddp_cpu_work_factor", value, stderr, ratio / value - 1)

@@ -86,7 +86,12 @@ from calibration.fit_cores import (
 )
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
-from calibration.fit_ps import fit_server_apply, fit_server_messages, fit_server_update
+from calibration.fit_ps import (
+    fit_crowded_messages,
+    fit_server_apply,
+    fit_server_messages,
+    fit_server_update,
+)
 from calibration.hardware import detect, shipped_profile
 from calibration.pool import ID_STRIDE, SAME_MACHINE_RATIO, PooledStore
 from calibration.profile_writer import MeasuredFits, RunInfo, WorkloadFits, build_profile
@@ -276,8 +281,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if timed_waits and base_cluster.compute_cpu_cores_per_node:
         ps_waits = [r for r in timed_waits if r.row.kind == "ps"]
         if ps_waits:
-            fits = dataclasses.replace(fits, timed_wait_spread=_timed_wait_spread(ps_waits,
-                                                                                    notes))
+            fits = dataclasses.replace(
+                fits, timed_wait_spread=_timed_wait_spread(ps_waits, notes),
+                crowded_message_factor=_crowded_messages(
+                    ps_waits, _as_cluster(base_cluster, fits), notes))
         ddp_waits = [r for r in timed_waits if r.row.kind == "ddp"]
         if ddp_waits:
             fits = dataclasses.replace(fits, ddp_cpu_work_factor=_ddp_cpu_work(
@@ -377,6 +384,11 @@ def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]
     return rms, comm_rms, len(logs)
 
 
+# a crowded PS timed wait's self-check, once server.crowded_message_factor is fitted
+CROWDED_IN_SAMPLE = ("its waits' spread and its server's crowded messages are fitted from it: "
+                     "in-sample for its round trip")
+
+
 def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
                  notes: list[str]) -> tuple[SelfCheck, ...]:
     """Predict every run no fit used with the finished profile (calibration/selfcheck.py)."""
@@ -393,12 +405,17 @@ def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
             notes.append(f"self-check of run {r.row.id} not possible: {e}")
             continue
         if check is not None:
+            if is_timed_wait(r) and cluster.server.crowded_message_factor is not None \
+                    and r.row.kind == "ps":
+                check = dataclasses.replace(check, fitted_from_it=CROWDED_IN_SAMPLE)
             found.append(check)
     for c in found:
         worst = max(c.components, key=lambda x: abs(x.error_rel), default=None)
         if worst is not None and not c.flagged:
             fitted = "not fitted"
-            if c.label.endswith("timed wait"):
+            if c.fitted_from_it:
+                fitted = c.fitted_from_it
+            elif c.label.endswith("timed wait"):
                 fitted = "only its waits' spread is fitted from it"
             elif c.label.startswith("ps "):
                 fitted = ("its server update, messages and worker compute are fitted from it: "
@@ -618,6 +635,44 @@ def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:
     notes.append(f"a timed wait on the crowded host strays from its length by {fit.value:.2f} "
                  f"ms (SD; compute.timed_wait_spread_ms; {fit.points} workers, {len(runs)} "
                  f"run(s) with more processes than the {cores} cores)")
+    return fit
+
+
+def _crowded_messages(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
+    """server.crowded_message_factor from the PS timed waits whose processes outnumbered
+    the host's cores (fit_ps.py `fit_crowded_messages`): each run's median receive plus its
+    median reply per update after the warm-up, as its serial server timed them
+    (measure/runs/ps.py `recv_s`, `reply_s`), against the fitted 1-worker push and reply
+    (`cluster`'s server.push and server.reply) at its sizes. A receive also holds any wait
+    for the next push; a crowded run's server, 5 workers queued at it, seldom waits (its
+    phases summed to 94 % of its time in report 56's). None, noted, where the messages
+    were not fitted or no such run timed its server."""
+    srv, cores = cluster.server, cluster.compute_cpu_cores_per_node
+    crowded, alone = [], []
+    for r in runs:
+        if processes(r.row.config) <= cores:
+            continue
+        w = load_workload(r.row.workload)
+        push = srv.message_s("push", w.params * w.precision_spec.grad_bytes)
+        reply = srv.message_s("pull", w.params * w.precision_spec.param_bytes)
+        warm = int(r.row.config.get("warmup_steps") or 0)
+        updates = [u for u in r.table("updates") if int(u["step"]) >= warm
+                   and u.get("recv_s") is not None and u.get("reply_s") is not None]
+        if push is None or reply is None or not updates:
+            continue
+        crowded.append(float(np.median([float(u["recv_s"]) for u in updates]))
+                       + float(np.median([float(u["reply_s"]) for u in updates])))
+        alone.append(push + reply)
+    if not crowded:
+        notes.append("server.crowded_message_factor not fitted: it needs a crowded PS timed "
+                     "wait whose server timed its messages, and server.push and server.reply "
+                     "fitted (`perfmodel calibrate` runs ps-crowded on CPU hosts)")
+        return None
+    fit = fit_crowded_messages(crowded, alone)
+    notes.append(f"a crowded serial server's receive + reply took {fit.value:.2f}x the "
+                 f"1-worker push + reply (server.crowded_message_factor; {len(crowded)} "
+                 f"run(s), {np.median(crowded) * 1e3:.1f} vs {np.median(alone) * 1e3:.1f} ms "
+                 f"an update); those runs' messages are in-sample in their self-check")
     return fit
 
 

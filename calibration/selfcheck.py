@@ -99,6 +99,9 @@ class SelfCheck:
     run_id: int
     label: str                          # e.g. "ps cnn-small, 1 worker"
     components: tuple[ComponentCheck, ...]
+    # what the fits took from this run, where anything: e.g. "its crowded messages are
+    # fitted from it"; "" = not used in the fit
+    fitted_from_it: str = ""
 
     @property
     def flagged(self) -> tuple[ComponentCheck, ...]:
@@ -106,8 +109,9 @@ class SelfCheck:
 
     def warnings(self) -> list[str]:
         """One loud line per component off by more than its tolerance."""
-        return [f"SELF-CHECK FAILED: {c.component} of run {self.run_id} ({self.label}), not "
-                f"used in the fit, is predicted {c.predicted_s * 1e3:.3g} ms against "
+        used = self.fitted_from_it or "not used in the fit"
+        return [f"SELF-CHECK FAILED: {c.component} of run {self.run_id} ({self.label}), "
+                f"{used}, is predicted {c.predicted_s * 1e3:.3g} ms against "
                 f"{c.measured_s * 1e3:.3g} ms measured ({c.error_rel:+.0%}; tolerance: "
                 f"a factor {1 + c.tolerance_rel:.2f} either way); predictions that lean on "
                 f"{c.component} are not to be trusted from this profile"

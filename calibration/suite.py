@@ -33,12 +33,14 @@ it feeds (calibration/from_store.py):
   (`[server.update]`, calibration/fit_ps.py), and checks of the round trip and of the PS
   memory model; the server does not evaluate while it runs. The round trip is what the
   calibration checks itself on (calibration/selfcheck.py).
-- ps-crowded (CPU hosts, full suite): one asynchronous PS run of the workload whose bytes weigh
-  most (mlp) with three times as many processes as cores (5 workers and the server on 2:
-  the server is the bottleneck and the workers queue at it), its workers' compute a timed
-  wait of the shipped CPU profile's unit times, `TIMED_WAIT_STEPS` steps: how far a timed
-  wait strays on a crowded host (`compute.timed_wait_spread_ms`), which decides who
-  reaches a serial server first. Nothing else is fitted on it.
+- ps-crowded (CPU hosts, full suite): an asynchronous PS run of the workload whose bytes
+  weigh most (mlp) with three times as many processes as cores (5 workers and the server on
+  2: the server is the bottleneck and the workers queue at it), its workers' compute a timed
+  wait of the shipped CPU profile's unit times, `TIMED_WAIT_STEPS` steps,
+  `CROWDED_PS_REPEATS` runs spread through the training runs: how far a timed wait strays
+  on a crowded host (`compute.timed_wait_spread_ms`), which decides who reaches a serial
+  server first, and how much longer the server's messages take there than alone
+  (`server.crowded_message_factor`, calibration/fit_ps.py). Nothing else is fitted on it.
 - ddp-crowded (CPU hosts, full suite): DDP of the same workload with three times as many
   ranks as cores (6 on 2), its compute a timed wait, `CROWDED_DDP_REPEATS` runs spread
   through the training runs: the CPU work the node does per step (every rank's process CPU,
@@ -139,6 +141,9 @@ CROWDED_DDP_RANKS_PER_RANK = 3
 # whose step is this floor, came out 15-20 % slow; report 52's two gave 1.13 and 1.02. The
 # factor is a median of runs: with two, one phase moves it by half its swing.
 CROWDED_DDP_REPEATS = 4
+# Three since session 37 (one until then): its server's messages now give
+# server.crowded_message_factor, a median of runs minutes apart, as the crowded DDP runs'.
+CROWDED_PS_REPEATS = 3
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 
 
@@ -298,6 +303,7 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
     # 5 workers on 2 cores queue at the server, as crowded PS runs do (with 3, its server
     # idled half the time and the waits strayed by half as much: 2026-12-05). Equal speeds
     # and asynchronous: a configuration no held-out set runs.
+    crowded_ps = f"ps-crowded-{max(names, key=_copy_weight)}"
     if kind == "cpu" and ranks >= 2 and not quick:
         w = max(names, key=_copy_weight)
         workers = 2 * ranks + 1
@@ -305,9 +311,11 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                            {"mode": "async",
                             "eval_every": (TIMED_WAIT_STEPS + WARMUP_STEPS) * workers + 1},
                            common)
-        add(f"ps-crowded-{w}", f"ps async {w}, {workers} timed-wait workers + server on "
-            f"{ranks} cores", config | timed_wait_config(w, int(config["batch_size"])),
-            oversubscribe=True, optional=True)
+        for r in range(1, CROWDED_PS_REPEATS + 1):
+            add(crowded_ps, f"ps async {w}, {workers} timed-wait workers + server on "
+                f"{ranks} cores ({r} of {CROWDED_PS_REPEATS})",
+                config | timed_wait_config(w, int(config["batch_size"])), r,
+                oversubscribe=True, optional=True)
     # CPU hosts: DDP of the same workload with three times as many ranks as cores, its
     # compute a timed wait, four times: the CPU work such a node really does per step (gloo's
     # threads and every training thread, measure/cpu_meter.py) over what the model counts
@@ -337,7 +345,7 @@ def build_suite(kind: str, *, suite: str, workloads: tuple[str, ...] | None = No
                     add(f"cores-{w}-{busy}",
                         f"compute {w} in {busy} processes at once ({r} of {size.cores_repeats})",
                         cores(w, busy), r, oversubscribe=True, optional=True)
-    ordered = _interleave_training(out, (f"ddp-{names[0]}", crowded_ddp))
+    ordered = _interleave_training(out, (f"ddp-{names[0]}", crowded_ddp, crowded_ps))
     if kind == "cpu" and size.cores_late_round:     # last: after every training run
         out.clear()
         for w in cores_names:

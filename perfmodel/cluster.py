@@ -294,6 +294,14 @@ class Server:
     push_GBps: float | None = None
     reply_latency_us: float | None = None
     reply_GBps: float | None = None
+    # The same server's messages where its node runs more processes than it has cores, over
+    # those 1-worker ones: the calibration's crowded PS run's median receive + reply per
+    # update over the fitted push + reply of its sizes (calibration/from_store.py
+    # `_crowded_messages`). There a message waits for the scheduler's wake-ups as well as
+    # for a core (the crowded server's receive and reply took 1.3-1.9x the 1-worker ones
+    # while the host kept 1.5 of its 2 cores busy, docs/model.md), which processor sharing
+    # of the copies (x1.2 there) does not see. None where not measured: sharing alone.
+    crowded_message_factor: float | None = None
 
     def message_s(self, kind: str, nbytes: float) -> float | None:
         """Seconds one `kind` ("push" or "pull") message of `nbytes` holds the server where
@@ -512,8 +520,10 @@ def _link(f: Fields, nested: bool = False) -> Link:
 
 def _server_update(srv: Fields) -> dict[str, float]:
     """[server.update], [server.push] and [server.reply] (each optional): latency_us >= 0 and
-    bandwidth_GBps > 0, both or neither."""
+    bandwidth_GBps > 0, both or neither; and crowded_message_factor (optional, > 0)."""
     out = {}
+    if srv.has("crowded_message_factor"):
+        out["crowded_message_factor"] = srv.number("crowded_message_factor", positive=True)
     for name in ("update", "push", "reply"):
         if srv.has(name):
             u = srv.table(name)

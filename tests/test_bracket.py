@@ -115,6 +115,10 @@ def test_the_closing_set_a_is_fitted_alone_and_shown_beside_the_first(two_set_as
     shown = {r["field"]: r for r in m["fitted"]}
     assert shown["compute.ddp_cpu_work_factor"] == pytest.approx(
         {"field": "compute.ddp_cpu_work_factor", "before": 1.08, "after": 0.84}, abs=0.01)
+    crowded = shown["server.crowded_message_factor"]         # a server field beside them
+    assert crowded == pytest.approx({"field": "server.crowded_message_factor",
+                                     "before": 1.67, "after": 1.34}, abs=0.01)   # 52, 53
+    assert crowded["before"] == pytest.approx(first["server"]["crowded_message_factor"])
     text = "\n".join(bracket.markdown(m))
     assert f"runs {min(after)}-{max(after)}" in text
     assert "| a headline |" in text and "missed before: step time: missed" in text

@@ -35,7 +35,7 @@ from calibration.from_store import (
 )
 from calibration.hardware import Gpu, Hardware, choose_base
 from calibration.profile_writer import write_profile
-from calibration.suite import CROWDED_DDP_REPEATS, build_suite, reusable_run
+from calibration.suite import CROWDED_DDP_REPEATS, CROWDED_PS_REPEATS, build_suite, reusable_run
 from measure.store import Store
 from perfmodel.cluster import Link, load_cluster, parse_profile
 from perfmodel.errors import PerfmodelError
@@ -218,10 +218,17 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
     # full suite; only the first is required, so older stores still calibrate
     servers = [m for m in full if m.config["kind"] == "ps" and "compute_mode" not in m.config]
     assert [m.config["workload"] for m in servers] == ["cnn-small"] * 2 + ["mlp"] * 2
-    # one crowded timed-wait PS run (compute.timed_wait_spread_ms), full suite on a CPU host:
-    # 5 workers of equal speed and a server on 2 cores, asynchronous (no held-out config)
-    [timed] = [m for m in full if m.config.get("compute_mode") == "timed-wait"
-               and m.config["kind"] == "ps"]
+    # the crowded timed-wait PS runs (compute.timed_wait_spread_ms and
+    # server.crowded_message_factor), full suite on a CPU host: 5 workers of equal speed and
+    # a server on 2 cores, asynchronous (no held-out config), CROWDED_PS_REPEATS alike
+    ps_waits = [m for m in full if m.config.get("compute_mode") == "timed-wait"
+                and m.config["kind"] == "ps"]
+    assert len(ps_waits) == CROWDED_PS_REPEATS == 3
+    assert [m.config["calibration"]["repeat"] for m in ps_waits] == [1, 2, 3]
+    timed = ps_waits[0]
+    def unmarked(config: dict) -> dict:
+        return {k: v for k, v in config.items() if k != "calibration"}
+    assert all(unmarked(m.config) == unmarked(timed.config) for m in ps_waits)
     # and the crowded DDP timed waits (compute.ddp_cpu_work_factor, tests/test_ddp_cpu_work.py)
     ddp_waits = [m for m in full if m.key.startswith("ddp-crowded-")]
     assert [m.config.get("compute_mode") for m in ddp_waits] == ["timed-wait"] * \
@@ -239,9 +246,10 @@ def test_quick_suite_is_smaller_and_every_suite_names_its_runs():
         "cnn-small", "mlp"]
     assert all(m.optional for m in fsdp)        # stores from before still calibrate
     assert not any(m.optional for m in full
-                   if m not in cores + launches + crowded + servers + fsdp + [timed] + ddp_waits)
+                   if m not in cores + launches + crowded + servers + fsdp + ps_waits + ddp_waits)
     assert not any(m.oversubscribe for m in full
-                   if m not in cores + crowded + [timed] + ddp_waits)
+                   if m not in cores + crowded + ps_waits + ddp_waits)
+    assert all(m.oversubscribe and m.optional for m in ps_waits)
     # the PS round-trip check: no server evaluation inside any timed round trip
     for suite in (full, quick):
         for ps in [m for m in suite if m.config["kind"] == "ps"]:

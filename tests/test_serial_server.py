@@ -153,7 +153,7 @@ def test_a_serial_servers_message_moves_only_when_both_sides_are_free():
         run = _PSRun(scenario(3, cluster=c), 1, None)    # (not serial: server on worker 0's)
         first = run.send(1, 0, "push", run.push_routes)            # the server takes it first
         second = run.send(2, 0, "push", run.push_routes)           # posted at the same moment
-        out, into, carry_s, latency_s, _ = run.push_routes[2 * run.nservers]
+        out, into, carry_s, latency_s, _, _ = run.push_routes[2 * run.nservers]
         assert carry_s > 0 and first == pytest.approx(carry_s + latency_s, rel=TOL)
         assert second == pytest.approx(2 * carry_s + latency_s, rel=TOL)   # the receiver's
         assert run.link_free[into] == pytest.approx(2 * carry_s, rel=TOL)

@@ -42,8 +42,9 @@ AFTER = "predictions-after.json"            # set B from the closing set A alone
 PROFILE = "profile-after.toml"              # the closing set A's fit, beside profile.toml
 
 # fitted values the report prints from each fit (a host phase shows in them)
-SHOWN = ("overlap_slowdown", "whole_step_factor", "ddp_cpu_work_factor", "copy_GBps",
-         "optimizer_GBps", "timed_wait_spread_ms")
+SHOWN = ("compute.overlap_slowdown", "compute.whole_step_factor",
+         "compute.ddp_cpu_work_factor", "compute.copy_GBps", "compute.optimizer_GBps",
+         "compute.timed_wait_spread_ms", "server.crowded_message_factor")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,12 +88,12 @@ def combine(first: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 
 def fitted_values(before: dict[str, Any], b: Bracket) -> list[dict[str, Any]]:
-    """The SHOWN compute fields as the first set A and the closing one fitted them."""
+    """The SHOWN fields ("table.field") as the first set A and the closing one fitted them."""
     def value(data: dict[str, Any], name: str) -> float | None:
-        v = (data.get("compute") or {}).get(name)
+        table, field = name.split(".")
+        v = (data.get(table) or {}).get(field)
         return None if v is None else float(v)
-    return [{"field": f"compute.{name}", "before": value(before, name),
-             "after": value(b.data, name)}
+    return [{"field": name, "before": value(before, name), "after": value(b.data, name)}
             for name in SHOWN if value(before, name) is not None or value(b.data, name)
             is not None]
 

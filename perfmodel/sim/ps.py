@@ -383,6 +383,8 @@ class _PSRun:
         # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
         # busy copying while it carries it; None where the links move data themselves
         self.link_stretch = link_stretch
+        self.crowded = _crowded_nodes(cluster, self.layout, scenario.workers,
+                                      [s.index for s in self.servers], self.hardware.nodes)
         self.copy_spans: list[list[tuple[float, float]]] | None = None
         if stretch is not None:
             self.compute_spans = [[] for _ in range(scenario.workers)]
@@ -428,17 +430,25 @@ class _PSRun:
     # -- the network ---------------------------------------------------------------------
 
     def _route(self, w: int, i: int, kind: str) -> tuple:
-        """(sender's link direction, receiver's, seconds at full bandwidth, latency, bytes)."""
-        r = self.layout.route(w, self.servers[i].index, kind)
+        """(sender's link direction, receiver's, seconds at full bandwidth, latency, bytes,
+        the crowded host's factor on those seconds or 0)."""
+        server = self.servers[i].index
+        r = self.layout.route(w, server, kind)
         nbytes = (self.pull_bytes if kind == "pull" else self.push_bytes)[i]
         if r.link is None or nbytes <= 0:          # same device: no link at all
-            return (None, None, 0.0, 0.0, nbytes)
-        # a serial server's messages as measured at it, where they were (cluster.Server)
-        measured = (self.cluster.server.message_s(kind, nbytes) if self.layout.serial_server
-                    else None)
+            return (None, None, 0.0, 0.0, nbytes, 0.0)
+        # a serial server's messages as measured at it, where they were (cluster.Server),
+        # and on a crowded node as measured there
+        srv = self.cluster.server
+        measured = srv.message_s(kind, nbytes) if self.layout.serial_server else None
+        crowded = (self.crowded[self.layout.node_of_worker[w]]
+                   or self.crowded[self.layout.node_of_server[server]])
+        factor = (srv.crowded_message_factor or 0.0) if crowded and measured is not None \
+            else 0.0
         if measured is not None:
-            return (r.pools[0], r.pools[1], measured, 0.0, nbytes)
-        return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes)
+            return (r.pools[0], r.pools[1], measured, 0.0, nbytes, factor)
+        return (r.pools[0], r.pools[1], _full_bandwidth_s(r.link, nbytes), r.latency_s, nbytes,
+                0.0)
 
     def send(self, w: int, i: int, kind: str, routes: list, start_s: float | None = None
              ) -> float:
@@ -457,20 +467,28 @@ class _PSRun:
         sides: the sender's process copies the bytes out while the receiver's copies them
         in, so a message holds both directions over the same span, from when both are free
         (a sender whose receiver is busy waits, and spends no CPU meanwhile: its copy span,
-        which core sharing counts, is the span the bytes move). All of it is arithmetic on
-        when each direction is free: a transfer costs no event of its own.
+        which core sharing counts, is the span the bytes move). On a node with more
+        processes than cores a serial server's message takes at least
+        cluster.Server.crowded_message_factor times its 1-worker time where calibration
+        measured it: the rest of the span waits for the scheduler and holds no core (the copy
+        span stays the shared copies' length, ending with the message). All of it is
+        arithmetic on when each direction is free: a transfer costs no event of its own.
         """
         key = w * self.nservers + i
         route = routes[key]
         if route is None:
             route = routes[key] = self._route(w, i, kind)
-        out, into, seconds, latency, nbytes = route
+        out, into, seconds, latency, nbytes, crowded = route
         now = self.env._now if start_s is None else start_s
         at = now
         if out is not None:
-            carry_s = seconds if self.service is None else self.service(seconds)
+            alone_s = seconds if self.service is None else self.service(seconds)
+            carry_s = alone_s       # ... and the span its copies hold a core
             if self.link_stretch is not None:
                 carry_s *= self.link_stretch[self.layout.node_of_worker[w]]
+            busy_s = carry_s
+            if crowded * alone_s > carry_s:     # a crowded host's wake-ups: no core held
+                carry_s = crowded * alone_s
             free = self.link_free
             f = free[out]
             sent = (f if f > now else now) + carry_s            # max(now, free from)
@@ -481,7 +499,7 @@ class _PSRun:
             free[out], free[into] = sent, received
             at = (received if received > sent else sent) + latency
             if self.copy_spans is not None:
-                self._copying(w, i, kind, sent - carry_s, sent, received - carry_s, received)
+                self._copying(w, i, kind, sent - busy_s, sent, received - busy_s, received)
         self.comm_rows.append((kind, w, now, at, nbytes, self.server_names[i]))
         return at
 
@@ -750,6 +768,19 @@ class _PSRun:
         if clock not in self.unblock:
             self.unblock[clock] = self.env.event()
         return self.unblock[clock]
+
+
+def _crowded_nodes(cluster: ClusterProfile, layout: psnet.Layout, workers: int,
+                   servers: list[int], nodes: int) -> list[bool]:
+    """Per node: does a CPU host run more PS processes (its workers and servers) than it
+    has cores? There a serial server's messages take cluster.Server.crowded_message_factor
+    times their 1-worker time where calibration measured it (`send`)."""
+    cores = cluster.compute_cpu_cores_per_node
+    if cores <= 0:
+        return [False] * nodes
+    count = Counter(layout.node_of_worker[w] for w in range(workers))
+    count.update(layout.node_of_server[k] for k in servers)
+    return [count[node] > cores for node in range(nodes)]
 
 
 def _sharing_groups(run: _PSRun) -> list[tuple[list[int], list[int], bool]]:
