@@ -17,9 +17,10 @@ on the server's link, α + n·β(n) (perfmodel/sim/collectives.py `link_transfer
   latency + bytes / rate, from the 1-worker runs of >= 2 workloads: `[server.push]`,
   `[server.reply]`. The ping-pong fit does not stand for them: on this host a push took
   about 1.5x a ping-pong message of its size, a reply 1.0-1.5x (set A's of reports 31-46).
-- `fit_crowded_messages`: the same server's messages on a host running more processes than
-  cores, over the 1-worker ones: `server.crowded_message_factor`, from the calibration's
-  crowded PS runs (the server's own receive and reply per update).
+- `fit_crowded_factor`: the same server's messages, and its apply + pack, on a host running
+  more processes than cores, over the 1-worker fits: `server.crowded_message_factor` and
+  `server.crowded_update_factor`, from the calibration's crowded PS runs (the server's own
+  phases per update).
 - `fit_push_link`: a full α–β fit of the server's link from pushes of >= 3 sizes, the same
   fit as a ping-pong sweep (calibration/fit_network.py, `LinkFit.p2p`).
 - `fit_push_rate`: with pushes of one size (one model), the rate left once α (from the
@@ -66,22 +67,23 @@ def fit_server_messages(push_bytes: Sequence[float], push_s: Sequence[float],
                              "two workloads' 1-worker PS runs"))
 
 
-def fit_crowded_messages(crowded_s: Sequence[float], alone_s: Sequence[float]) -> FitResult:
-    """server.crowded_message_factor: a serial server's receive + reply per update on a
-    crowded host (`crowded_s`: one crowded PS run's median receive plus its median reply,
-    as the server timed them) over the same two messages alone (`alone_s`: the fitted
-    server.push and server.reply at that run's sizes), one pair per run: the median ratio.
-    Residuals: each run's own ratio against it."""
-    crowded = check_measurements(crowded_s, "a crowded server's receive + reply seconds")
-    alone = check_measurements(alone_s, "the 1-worker push + reply seconds")
+def fit_crowded_factor(parameter: str, crowded_s: Sequence[float], alone_s: Sequence[float]
+                       ) -> FitResult:
+    """A serial server's time on a crowded host over its 1-worker fit, one pair per crowded
+    run (`crowded_s`: the run's medians per update as its server timed them; `alone_s`: the
+    fitted 1-worker time at that run's sizes): the median ratio. Residuals: each run's own
+    ratio against it. server.crowded_message_factor: receive + reply over the fitted push +
+    reply; server.crowded_update_factor: apply + pack over the fitted update."""
+    crowded = check_measurements(crowded_s, "a crowded server's seconds an update")
+    alone = check_measurements(alone_s, "the 1-worker fit's seconds")
     if crowded.size != alone.size or crowded.size < 1:
         raise PerfmodelError(
-            f"server.crowded_message_factor: need one 1-worker time per crowded run and >= 1 "
-            f"run, got {crowded.size} crowded and {alone.size} alone (`perfmodel calibrate` "
-            f"runs ps-crowded on CPU hosts)")
+            f"{parameter}: need one 1-worker time per crowded run and >= 1 run, got "
+            f"{crowded.size} crowded and {alone.size} alone (`perfmodel calibrate` runs "
+            f"ps-crowded on CPU hosts)")
     ratio = crowded / alone
     value, stderr = median_ratio(ratio)
-    return fit_result("server.crowded_message_factor", value, stderr, ratio / value - 1)
+    return fit_result(parameter, value, stderr, ratio / value - 1)
 
 
 def fit_latency_rate(name: str, nbytes_: Sequence[float], seconds_: Sequence[float],

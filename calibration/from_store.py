@@ -87,7 +87,7 @@ from calibration.fit_cores import (
 from calibration.fit_memory import MemorySample, fit_memory, memory_sample
 from calibration.fit_network import CollectiveSample, fit_network
 from calibration.fit_ps import (
-    fit_crowded_messages,
+    fit_crowded_factor,
     fit_server_apply,
     fit_server_messages,
     fit_server_update,
@@ -281,10 +281,10 @@ def calibrate_runs(store, run_ids: Sequence[int], *, base: str = "local") -> Cal
     if timed_waits and base_cluster.compute_cpu_cores_per_node:
         ps_waits = [r for r in timed_waits if r.row.kind == "ps"]
         if ps_waits:
+            messages, update = _crowded_server(ps_waits, _as_cluster(base_cluster, fits), notes)
             fits = dataclasses.replace(
                 fits, timed_wait_spread=_timed_wait_spread(ps_waits, notes),
-                crowded_message_factor=_crowded_messages(
-                    ps_waits, _as_cluster(base_cluster, fits), notes))
+                crowded_message_factor=messages, crowded_update_factor=update)
         ddp_waits = [r for r in timed_waits if r.row.kind == "ddp"]
         if ddp_waits:
             fits = dataclasses.replace(fits, ddp_cpu_work_factor=_ddp_cpu_work(
@@ -384,8 +384,8 @@ def _step_residual(fitted, cluster: ClusterProfile, notes: list[str]
     return rms, comm_rms, len(logs)
 
 
-# a crowded PS timed wait's self-check, once server.crowded_message_factor is fitted
-CROWDED_IN_SAMPLE = ("its waits' spread and its server's crowded messages are fitted from it: "
+# a crowded PS timed wait's self-check, once the crowded server's factors are fitted
+CROWDED_IN_SAMPLE = ("its waits' spread and its server's crowded phases are fitted from it: "
                      "in-sample for its round trip")
 
 
@@ -405,8 +405,9 @@ def _self_checks(held_back, cluster: ClusterProfile, spread: float | None,
             notes.append(f"self-check of run {r.row.id} not possible: {e}")
             continue
         if check is not None:
-            if is_timed_wait(r) and cluster.server.crowded_message_factor is not None \
-                    and r.row.kind == "ps":
+            if is_timed_wait(r) and r.row.kind == "ps" and (
+                    cluster.server.crowded_message_factor is not None
+                    or cluster.server.crowded_update_factor is not None):
                 check = dataclasses.replace(check, fitted_from_it=CROWDED_IN_SAMPLE)
             found.append(check)
     for c in found:
@@ -638,42 +639,58 @@ def _timed_wait_spread(runs, notes: list[str]) -> FitResult | None:
     return fit
 
 
-def _crowded_messages(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:
-    """server.crowded_message_factor from the PS timed waits whose processes outnumbered
-    the host's cores (fit_ps.py `fit_crowded_messages`): each run's median receive plus its
-    median reply per update after the warm-up, as its serial server timed them
-    (measure/runs/ps.py `recv_s`, `reply_s`), against the fitted 1-worker push and reply
-    (`cluster`'s server.push and server.reply) at its sizes. A receive also holds any wait
-    for the next push; a crowded run's server, 5 workers queued at it, seldom waits (its
-    phases summed to 94 % of its time in report 56's). None, noted, where the messages
-    were not fitted or no such run timed its server."""
+def _crowded_server(runs, cluster: ClusterProfile, notes: list[str]
+                    ) -> tuple[FitResult | None, FitResult | None]:
+    """(server.crowded_message_factor, server.crowded_update_factor) from the PS timed waits
+    whose processes outnumbered the host's cores (fit_ps.py `fit_crowded_factor`): each
+    run's phases per update after the warm-up, as its serial server timed them
+    (measure/runs/ps.py `recv_s`, `apply_s`, `pack_s`, `reply_s`): its median receive plus
+    its median reply against the fitted 1-worker push and reply (`cluster`'s server.push and
+    server.reply) at its sizes, and its median apply + pack against the fitted
+    server.update. A receive also holds any wait for the next push; a crowded run's server,
+    5 workers queued at it, seldom waits (its phases summed to 94 % of its time in report
+    56's). Each None, noted, where its 1-worker fit is missing or no such run timed its
+    server."""
     srv, cores = cluster.server, cluster.compute_cpu_cores_per_node
-    crowded, alone = [], []
+    crowded, alone, applied, update = [], [], [], []
     for r in runs:
         if processes(r.row.config) <= cores:
             continue
         w = load_workload(r.row.workload)
-        push = srv.message_s("push", w.params * w.precision_spec.grad_bytes)
+        grad_bytes = w.params * w.precision_spec.grad_bytes
+        push = srv.message_s("push", grad_bytes)
         reply = srv.message_s("pull", w.params * w.precision_spec.param_bytes)
         warm = int(r.row.config.get("warmup_steps") or 0)
-        updates = [u for u in r.table("updates") if int(u["step"]) >= warm
-                   and u.get("recv_s") is not None and u.get("reply_s") is not None]
-        if push is None or reply is None or not updates:
+        ups = [u for u in r.table("updates") if int(u["step"]) >= warm
+               and all(u.get(k) is not None for k in ("recv_s", "apply_s", "pack_s", "reply_s"))]
+        if not ups:
             continue
-        crowded.append(float(np.median([float(u["recv_s"]) for u in updates]))
-                       + float(np.median([float(u["reply_s"]) for u in updates])))
-        alone.append(push + reply)
-    if not crowded:
-        notes.append("server.crowded_message_factor not fitted: it needs a crowded PS timed "
-                     "wait whose server timed its messages, and server.push and server.reply "
-                     "fitted (`perfmodel calibrate` runs ps-crowded on CPU hosts)")
-        return None
-    fit = fit_crowded_messages(crowded, alone)
-    notes.append(f"a crowded serial server's receive + reply took {fit.value:.2f}x the "
-                 f"1-worker push + reply (server.crowded_message_factor; {len(crowded)} "
-                 f"run(s), {np.median(crowded) * 1e3:.1f} vs {np.median(alone) * 1e3:.1f} ms "
-                 f"an update); those runs' messages are in-sample in their self-check")
-    return fit
+        if push is not None and reply is not None:
+            crowded.append(float(np.median([float(u["recv_s"]) for u in ups]))
+                           + float(np.median([float(u["reply_s"]) for u in ups])))
+            alone.append(push + reply)
+        if srv.update_GBps is not None:
+            applied.append(float(np.median([float(u["apply_s"]) + float(u["pack_s"])
+                                            for u in ups])))
+            update.append((srv.update_latency_us or 0.0) * 1e-6
+                          + grad_bytes / (srv.update_GBps * 1e9))
+    out = []
+    for name, measured, fitted, what in (
+            ("server.crowded_message_factor", crowded, alone, "receive + reply"),
+            ("server.crowded_update_factor", applied, update, "apply + pack")):
+        if not measured:
+            notes.append(f"{name} not fitted: it needs a crowded PS timed wait whose server "
+                         f"timed its {what}, and its 1-worker fit (`perfmodel calibrate` runs "
+                         f"ps-crowded on CPU hosts)")
+            out.append(None)
+            continue
+        fit = fit_crowded_factor(name, measured, fitted)
+        notes.append(f"a crowded serial server's {what} took {fit.value:.2f}x the 1-worker "
+                     f"fit's ({name}; {len(measured)} run(s), {np.median(measured) * 1e3:.1f} "
+                     f"vs {np.median(fitted) * 1e3:.1f} ms an update); those runs' server is "
+                     f"in-sample in their self-check")
+        out.append(fit)
+    return out[0], out[1]
 
 
 def _ddp_cpu_work(runs, cluster: ClusterProfile, notes: list[str]) -> FitResult | None:

@@ -50,7 +50,7 @@ MEASURABLE_FIELDS = (
     "topology.comm_cpu_busy_by_level",
     "compute.ps_worker_extra_ms", "compute.copy_GBps", "compute.timed_wait_spread_ms",
     "compute.sharing_delay_cv", "compute.ddp_cpu_work_factor",
-    "server.crowded_message_factor",
+    "server.crowded_message_factor", "server.crowded_update_factor",
 )
 
 
@@ -96,6 +96,7 @@ class MeasuredFits:
         = None
     # CPU hosts: those messages on a crowded host over the 1-worker ones
     crowded_message_factor: FitResult | None = None
+    crowded_update_factor: FitResult | None = None     # ... and its apply + pack there
     # CPU hosts: a PS worker's compute beyond the model's, per workload (parameter
     # "compute.ps_worker_extra_ms.<workload>", value in ms)
     ps_worker_extra: tuple[FitResult, ...] = ()
@@ -244,17 +245,16 @@ def _sharing_curve(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
 
 
 def _server_update_table(fits: MeasuredFits, base: ClusterProfile) -> dict[str, Any]:
-    """[server.update], [server.push], [server.reply] and crowded_message_factor: each
+    """[server.update], [server.push], [server.reply] and the crowded factors: each
     fitted, else the base profile's where it has one, else none."""
     fitted = {"update": fits.server_update}
     if fits.server_messages is not None:
         fitted |= {"push": fits.server_messages[0], "reply": fits.server_messages[1]}
     out: dict[str, Any] = {}
-    crowded = _value(fits.crowded_message_factor, base.server.crowded_message_factor) \
-        if fits.crowded_message_factor is not None or base.server.crowded_message_factor \
-        else None
-    if crowded is not None:
-        out["crowded_message_factor"] = crowded
+    for name in ("crowded_message_factor", "crowded_update_factor"):
+        fit, had = getattr(fits, name), getattr(base.server, name)
+        if fit is not None or had is not None:
+            out[name] = _value(fit, had)
     for name in ("update", "push", "reply"):
         if fitted.get(name) is not None:
             latency, rate = fitted[name]
@@ -283,7 +283,8 @@ def _measured_fields(fits: MeasuredFits) -> tuple[list[str], list[FitResult]]:
     for r in (fits.optimizer_GBps, fits.jitter_cv, fits.overlap_slowdown,
               fits.server_apply_GBps, fits.core_contention, fits.comm_cpu_bound_fraction,
               fits.whole_step_factor, fits.copy_GBps, fits.timed_wait_spread,
-              fits.sharing_delay_cv, fits.ddp_cpu_work_factor, fits.crowded_message_factor):
+              fits.sharing_delay_cv, fits.ddp_cpu_work_factor, fits.crowded_message_factor,
+              fits.crowded_update_factor):
         if r is not None:
             measured.append(r.parameter)
             results.append(r)

@@ -302,6 +302,11 @@ class Server:
     # while the host kept 1.5 of its 2 cores busy, docs/model.md), which processor sharing
     # of the copies (x1.2 there) does not see. None where not measured: sharing alone.
     crowded_message_factor: float | None = None
+    # ... and its apply + pack there over the fitted server.update (the same crowded runs'
+    # median apply + pack per update): 0.6-1.1 in the reports' set As, where the crowded
+    # run's tracked the held-out crowded servers' better than the pinned 1-worker fit did.
+    # None where not measured: server.update alone.
+    crowded_update_factor: float | None = None
 
     def message_s(self, kind: str, nbytes: float) -> float | None:
         """Seconds one `kind` ("push" or "pull") message of `nbytes` holds the server where
@@ -520,10 +525,11 @@ def _link(f: Fields, nested: bool = False) -> Link:
 
 def _server_update(srv: Fields) -> dict[str, float]:
     """[server.update], [server.push] and [server.reply] (each optional): latency_us >= 0 and
-    bandwidth_GBps > 0, both or neither; and crowded_message_factor (optional, > 0)."""
+    bandwidth_GBps > 0, both or neither; and the crowded factors (optional, > 0)."""
     out = {}
-    if srv.has("crowded_message_factor"):
-        out["crowded_message_factor"] = srv.number("crowded_message_factor", positive=True)
+    for name in ("crowded_message_factor", "crowded_update_factor"):
+        if srv.has(name):
+            out[name] = srv.number(name, positive=True)
     for name in ("update", "push", "reply"):
         if srv.has(name):
             u = srv.table(name)

@@ -119,6 +119,8 @@ def test_the_closing_set_a_is_fitted_alone_and_shown_beside_the_first(two_set_as
     assert crowded == pytest.approx({"field": "server.crowded_message_factor",
                                      "before": 1.67, "after": 1.34}, abs=0.01)   # 52, 53
     assert crowded["before"] == pytest.approx(first["server"]["crowded_message_factor"])
+    assert shown["server.crowded_update_factor"]["after"] == pytest.approx(
+        b.data["server"]["crowded_update_factor"])
     text = "\n".join(bracket.markdown(m))
     assert f"runs {min(after)}-{max(after)}" in text
     assert "| a headline |" in text and "missed before: step time: missed" in text

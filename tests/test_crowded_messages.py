@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.fit_ps import fit_crowded_messages
-from calibration.from_store import CROWDED_IN_SAMPLE, _crowded_messages, calibrate_runs
+from calibration.fit_ps import fit_crowded_factor
+from calibration.from_store import CROWDED_IN_SAMPLE, _crowded_server, calibrate_runs
 from calibration.profile_writer import MeasuredFits, RunInfo, build_profile
 from calibration.suite import CROWDED_PS_REPEATS, build_suite
 from measure.store import Store
@@ -29,14 +29,17 @@ from perfmodel.sim.scenario import Scenario
 from perfmodel.workload import load_workload
 
 REPO = Path(__file__).resolve().parent.parent
+MESSAGES = "server.crowded_message_factor"
 # report 56's set A (committed): three 1-worker-fitted messages and one crowded run
 SET_A = REPO / "reports/local-2026-12-07-heldout-56/pooled/report-56-set-a.sqlite"
 
 
-def served(cluster, workers: int, factor: float | None, steps: int = 12):
-    """A timed-wait async PS run of the mlp on `cluster` with the crowded factor set."""
+def served(cluster, workers: int, factor: float | None, steps: int = 12,
+           update: float | None = None):
+    """A timed-wait async PS run of the mlp on `cluster` with the crowded factors set."""
     c = dataclasses.replace(cluster, server=dataclasses.replace(
-        cluster.server, crowded_message_factor=factor)).as_timed_wait()
+        cluster.server, crowded_message_factor=factor,
+        crowded_update_factor=update)).as_timed_wait()
     sc = Scenario(cluster=c, workload=load_workload("mlp"), workers=workers, batch_size=64,
                   steps=steps, jitter="none")
     return AsyncPS()._run(sc, "async")
@@ -44,21 +47,22 @@ def served(cluster, workers: int, factor: float | None, steps: int = 12):
 
 def local_with_messages():
     """The shipped local profile with a serial server's messages as a calibration fits them
-    (report 56's set A: push 0.55 ms + 4.0 GB/s, reply 0.1 ms + 4.9 GB/s, about)."""
+    (report 56's set A: push 0.55 ms + 4.0 GB/s, reply 0.1 ms + 4.9 GB/s, update 0.35 ms +
+    2.5 GB/s, about)."""
     local = load_cluster("local")
     return dataclasses.replace(local, server=dataclasses.replace(
         local.server, push_latency_us=550.0, push_GBps=4.0, reply_latency_us=100.0,
-        reply_GBps=4.9))
+        reply_GBps=4.9, update_latency_us=350.0, update_GBps=2.5))
 
 
 # -- the fit --------------------------------------------------------------------------------
 
 def test_the_factor_is_the_median_ratio_of_crowded_to_alone():
-    fit = fit_crowded_messages([0.012, 0.016, 0.013], [0.008, 0.008, 0.008])
+    fit = fit_crowded_factor(MESSAGES, [0.012, 0.016, 0.013], [0.008, 0.008, 0.008])
     assert fit.parameter == "server.crowded_message_factor"
     assert fit.value == pytest.approx(1.625)
     assert fit.points == 3 and fit.stderr > 0
-    one = fit_crowded_messages([0.012], [0.008])
+    one = fit_crowded_factor(MESSAGES, [0.012], [0.008])
     assert one.value == pytest.approx(1.5) and one.stderr == 0
 
 
@@ -66,7 +70,7 @@ def test_the_factor_is_the_median_ratio_of_crowded_to_alone():
                                             ([0.01], [0.0]), ([-0.01], [0.01])])
 def test_the_fit_refuses_what_cannot_give_a_factor(crowded, alone):
     with pytest.raises(PerfmodelError):
-        fit_crowded_messages(crowded, alone)
+        fit_crowded_factor(MESSAGES, crowded, alone)
 
 
 def test_set_a_crowded_run_gives_its_own_receive_and_reply_over_the_fitted_messages():
@@ -78,7 +82,7 @@ def test_set_a_crowded_run_gives_its_own_receive_and_reply_over_the_fitted_messa
     assert len(crowded) == 1                     # before CROWDED_PS_REPEATS was 3
     cluster = local_with_messages()
     notes: list[str] = []
-    fit = _crowded_messages(runs, cluster, notes)     # the 1-worker runs are not crowded
+    fit, update = _crowded_server(runs, cluster, notes)    # the 1-worker runs are not crowded
     assert fit is not None and fit.points == 1
     run = crowded[0]
     warm = int(run.row.config["warmup_steps"])
@@ -89,35 +93,45 @@ def test_set_a_crowded_run_gives_its_own_receive_and_reply_over_the_fitted_messa
              + cluster.server.message_s("pull", mlp.params * 4))
     assert fit.value == pytest.approx(measured / alone, rel=1e-9)
     assert 1.0 < fit.value < 3.0 and "server.crowded_message_factor" in notes[0]
+    applied = np.median([u["apply_s"] + u["pack_s"] for u in ups])
+    fitted = 350e-6 + mlp.params * 4 / 2.5e9
+    assert update.value == pytest.approx(applied / fitted, rel=1e-9)
+    assert 0.3 < update.value < 3.0 and "server.crowded_update_factor" in notes[1]
 
 
 def test_no_factor_without_fitted_messages_or_a_crowded_run():
     store = Store(SET_A)
     runs = [store.get_run(r.id) for r in store.list_runs(kind="ps")]
     notes: list[str] = []
-    assert _crowded_messages(runs, load_cluster("local"), notes) is None   # no [server.push]
+    assert _crowded_server(runs, load_cluster("local"), notes) == (None, None)  # no fits
     assert "not fitted" in notes[-1]
     alone = [r for r in runs if int(r.row.workers) == 1]
-    assert _crowded_messages(alone, local_with_messages(), notes) is None
+    assert _crowded_server(alone, local_with_messages(), notes) == (None, None)
     assert "not fitted" in notes[-1]
 
 
 def test_the_profile_carries_the_factor_and_refuses_a_bad_one(tmp_path):
     base = local_with_messages()
-    fitted = fit_crowded_messages([0.013], [0.008])
-    data = build_profile("x", base, MeasuredFits(crowded_message_factor=fitted),
+    fitted = fit_crowded_factor(MESSAGES, [0.013], [0.008])
+    update = fit_crowded_factor("server.crowded_update_factor", [0.006], [0.008])
+    data = build_profile("x", base, MeasuredFits(crowded_message_factor=fitted,
+                                                 crowded_update_factor=update),
                          RunInfo(host="h", device_names=("cpu",), versions="v", runs=1))
     assert data["server"]["crowded_message_factor"] == pytest.approx(1.625)
-    assert "server.crowded_message_factor" in data["calibration"]["measured"]
+    assert data["server"]["crowded_update_factor"] == pytest.approx(0.75)
+    assert {"server.crowded_message_factor", "server.crowded_update_factor"} <= \
+        set(data["calibration"]["measured"])
     parsed = parse_profile(data, tmp_path / "x.toml")
     assert parsed.server.crowded_message_factor == pytest.approx(1.625)
+    assert parsed.server.crowded_update_factor == pytest.approx(0.75)
     unfitted = build_profile("x", base, MeasuredFits(),
                              RunInfo(host="h", device_names=("cpu",), versions="v", runs=1))
     assert "crowded_message_factor" not in unfitted["server"]
     assert parse_profile(unfitted, tmp_path / "x.toml").server.crowded_message_factor is None
-    data["server"]["crowded_message_factor"] = 0.0
-    with pytest.raises(PerfmodelError, match="crowded_message_factor"):
-        parse_profile(data, tmp_path / "x.toml")
+    for name in ("crowded_message_factor", "crowded_update_factor"):
+        bad = {**data, "server": {**data["server"], name: 0.0}}
+        with pytest.raises(PerfmodelError, match=name):
+            parse_profile(bad, tmp_path / "x.toml")
 
 
 def test_calibrating_set_a_fits_the_factor_and_calls_the_crowded_check_in_sample():
@@ -160,6 +174,20 @@ def test_a_crowded_host_holds_each_message_for_the_factor_without_holding_a_core
     busy = sorted(b - a for a, b in crowded.copy_spans[0])
     assert busy[-1] < factor * push      # the longest copy is the shared one, not the message
     assert crowded.env.now > plain.env.now * 1.3
+
+
+def test_a_crowded_server_applies_at_the_crowded_runs_rate_and_an_uncrowded_one_does_not():
+    cluster = local_with_messages()
+    fitted = 350e-6 + load_workload("mlp").params * 4 / 2.5e9
+    for workers, crowded in ((1, False), (5, True)):
+        run = served(cluster, workers, None, update=0.7)
+        plain = served(cluster, workers, None)
+        assert run.crowded == [crowded]
+        # the apply before the fixed point's stretch of it (the servers' own, same in both)
+        own = [s.apply_s / x for s, x in zip(run.servers, run.stretch[1], strict=True)]
+        base = [s.apply_s / x for s, x in zip(plain.servers, plain.stretch[1], strict=True)]
+        assert base == pytest.approx([fitted], rel=1e-9)
+        assert own == pytest.approx([0.7 * fitted if crowded else fitted], rel=1e-9)
 
 
 @pytest.mark.parametrize("factor", [1.2, 1.6, 2.0])

@@ -44,7 +44,8 @@ PROFILE = "profile-after.toml"              # the closing set A's fit, beside pr
 # fitted values the report prints from each fit (a host phase shows in them)
 SHOWN = ("compute.overlap_slowdown", "compute.whole_step_factor",
          "compute.ddp_cpu_work_factor", "compute.copy_GBps", "compute.optimizer_GBps",
-         "compute.timed_wait_spread_ms", "server.crowded_message_factor")
+         "compute.timed_wait_spread_ms", "server.crowded_message_factor",
+         "server.crowded_update_factor")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -299,21 +299,25 @@ def server_pass_s(cluster: ClusterProfile, wl: Workload, share_params: float) ->
 
 
 def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
-                   dc_passes: float = 0.0) -> float:
+                   dc_passes: float = 0.0, crowded: bool = False) -> float:
     """A server's apply of one gradient to a shard of `share_params` parameters, and DC-ASGD's
     extra passes. On a CPU host (a serial server, measure/runs/ps.py) the apply includes the
     pack of the parameters into the reply buffer: where calibration measured that server's
     own time per update (`server.update_*`, calibration/fit_ps.py) it is latency + gradient
-    bytes / rate; elsewhere the workload's optimizer over the shard plus the pack, a copy at
-    the rate the optimizer streams bytes (compute.optimizer_GBps)."""
+    bytes / rate, times server.crowded_update_factor on a `crowded` node (more processes
+    than cores) where calibration measured that too; elsewhere the workload's optimizer over
+    the shard plus the pack, a copy at the rate the optimizer streams bytes
+    (compute.optimizer_GBps)."""
     extra = dc_passes * server_pass_s(cluster, wl, share_params)
     if not psnet.serial_server(cluster):
         return optimizer_seconds(cluster, wl, share_params / wl.params) + extra
     srv = cluster.server
     if srv.update_GBps is not None:
         grad_bytes = share_params * wl.precision_spec.grad_bytes
-        return (srv.update_latency_us or 0.0) * 1e-6 + grad_bytes / (srv.update_GBps * 1e9) \
-            + extra
+        update = (srv.update_latency_us or 0.0) * 1e-6 + grad_bytes / (srv.update_GBps * 1e9)
+        if crowded and srv.crowded_update_factor is not None:
+            update *= srv.crowded_update_factor
+        return update + extra
     pack_s = share_params * wl.precision_spec.param_bytes / (cluster.compute.optimizer_GBps
                                                              * 1e9)
     return optimizer_seconds(cluster, wl, share_params / wl.params) + pack_s + extra
@@ -345,11 +349,18 @@ class _PSRun:
         self.hardware = psnet.hardware(cluster, wl, scenario.workers, servers, placement)
         self.layout = psnet.Layout(cluster, scenario.workers, self.hardware)
         grad_bytes, param_bytes = wl.precision_spec.grad_bytes, wl.precision_spec.param_bytes
+        # nodes running more PS processes than cores (a serial server's phases are then as
+        # the calibration's crowded runs measured them, where it did: cluster.Server)
+        self.crowded = _crowded_nodes(cluster, self.layout, scenario.workers,
+                                      [k for k, share in enumerate(self.hardware.shard_params)
+                                       if share > 0], self.hardware.nodes)
         self.servers = []
         for k, share in enumerate(self.hardware.shard_params):
             if share <= 0:
                 continue                # a server with no parameters takes no part
-            self.servers.append(_Server(k, share, server_apply_s(cluster, wl, share, dc_passes),
+            crowded = self.layout.serial_server and self.crowded[self.layout.node_of_server[k]]
+            self.servers.append(_Server(k, share,
+                                        server_apply_s(cluster, wl, share, dc_passes, crowded),
                                         server_pass_s(cluster, wl, share)))
         self.server0 = self.servers[0]
         # the pool each server's work holds besides its own FCFS (a serial server: psnet)
@@ -383,8 +394,6 @@ class _PSRun:
         # CPU-driven transfers (gloo over loopback): each side of a message keeps a core
         # busy copying while it carries it; None where the links move data themselves
         self.link_stretch = link_stretch
-        self.crowded = _crowded_nodes(cluster, self.layout, scenario.workers,
-                                      [s.index for s in self.servers], self.hardware.nodes)
         self.copy_spans: list[list[tuple[float, float]]] | None = None
         if stretch is not None:
             self.compute_spans = [[] for _ in range(scenario.workers)]
