@@ -252,15 +252,23 @@ def fit_ddp_cpu_work_factor(measured_s: Sequence[float], modelled_s: Sequence[fl
     training thread, measure/cpu_meter.py) over what the model's crowded-node floor counts
     for the same run (`modelled_s`, perfmodel/sim/cores.py `node_cpu_work_s`: the crowded
     sweeps' all-reduces on the share of the cores they keep busy, and the reducer's passes
-    at the fitted copy rate), one pair per run: the median ratio. Residuals: each run's own
-    ratio against it."""
-    measured = check_measurements(measured_s, "a crowded DDP run's CPU seconds a step")
-    modelled = check_measurements(modelled_s, "the model's CPU seconds a step")
-    if measured.size != modelled.size or measured.size < 1:
-        raise PerfmodelError(
-            f"compute.ddp_cpu_work_factor: need one modelled value per measured run and >= 1 "
-            f"run, got {measured.size} measured and {modelled.size} modelled (`perfmodel "
-            f"calibrate` runs ddp-crowded on CPU hosts)")
-    ratio = measured / modelled
+    at the fitted copy rate), one pair per run: the median ratio (`fit_run_ratio`)."""
+    return fit_run_ratio("compute.ddp_cpu_work_factor", measured_s, modelled_s,
+                         measured="a crowded DDP run's CPU seconds a step",
+                         reference="the model's CPU seconds a step",
+                         hint="`perfmodel calibrate` runs ddp-crowded on CPU hosts")
+
+
+def fit_run_ratio(parameter: str, measured_s: Sequence[float], reference_s: Sequence[float],
+                  *, measured: str, reference: str, hint: str) -> FitResult:
+    """`parameter` as the median over runs of each run's measured / reference value, one
+    pair per run; its standard error (`median_ratio`); residuals: each run's own ratio
+    against it. A refusal names what was given and `hint`, what measures it."""
+    got = check_measurements(measured_s, measured)
+    ref = check_measurements(reference_s, reference)
+    if got.size != ref.size or got.size < 1:
+        raise PerfmodelError(f"{parameter}: need one reference value per measured run and >= 1 "
+                             f"run, got {got.size} measured and {ref.size} reference ({hint})")
+    ratio = got / ref
     value, stderr = median_ratio(ratio)
-    return fit_result("compute.ddp_cpu_work_factor", value, stderr, ratio / value - 1)
+    return fit_result(parameter, value, stderr, ratio / value - 1)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from calibration.fit import FitResult, check_measurements, fit_rate, fit_result, relative_lstsq
-from calibration.fit_cores import median_ratio
+from calibration.fit_cores import fit_run_ratio
 from calibration.fit_network import SCOPES, CollectiveSample, LinkFit, fit_link
 from perfmodel.errors import PerfmodelError
 
@@ -71,19 +71,13 @@ def fit_crowded_factor(parameter: str, crowded_s: Sequence[float], alone_s: Sequ
                        ) -> FitResult:
     """A serial server's time on a crowded host over its 1-worker fit, one pair per crowded
     run (`crowded_s`: the run's medians per update as its server timed them; `alone_s`: the
-    fitted 1-worker time at that run's sizes): the median ratio. Residuals: each run's own
-    ratio against it. server.crowded_message_factor: receive + reply over the fitted push +
+    fitted 1-worker time at that run's sizes): the median ratio (fit_cores.py
+    `fit_run_ratio`). server.crowded_message_factor: receive + reply over the fitted push +
     reply; server.crowded_update_factor: apply + pack over the fitted update."""
-    crowded = check_measurements(crowded_s, "a crowded server's seconds an update")
-    alone = check_measurements(alone_s, "the 1-worker fit's seconds")
-    if crowded.size != alone.size or crowded.size < 1:
-        raise PerfmodelError(
-            f"{parameter}: need one 1-worker time per crowded run and >= 1 run, got "
-            f"{crowded.size} crowded and {alone.size} alone (`perfmodel calibrate` runs "
-            f"ps-crowded on CPU hosts)")
-    ratio = crowded / alone
-    value, stderr = median_ratio(ratio)
-    return fit_result(parameter, value, stderr, ratio / value - 1)
+    return fit_run_ratio(parameter, crowded_s, alone_s,
+                         measured="a crowded server's seconds an update",
+                         reference="the 1-worker fit's seconds",
+                         hint="`perfmodel calibrate` runs ps-crowded on CPU hosts")
 
 
 def fit_latency_rate(name: str, nbytes_: Sequence[float], seconds_: Sequence[float],
