@@ -783,7 +783,8 @@ def _crowded_nodes(cluster: ClusterProfile, layout: psnet.Layout, workers: int,
                    servers: list[int], nodes: int) -> list[bool]:
     """Per node: does a CPU host run more PS processes (its workers and servers) than it
     has cores? There a serial server's messages take cluster.Server.crowded_message_factor
-    times their 1-worker time where calibration measured it (`send`)."""
+    times their 1-worker time (`send`) and its update crowded_update_factor times its
+    fitted one (`server_apply_s`), where calibration measured them."""
     cores = cluster.compute_cpu_cores_per_node
     if cores <= 0:
         return [False] * nodes
