@@ -669,11 +669,11 @@ def _crowded_server(runs, cluster: ClusterProfile, notes: list[str]
             crowded.append(float(np.median([float(u["recv_s"]) for u in ups]))
                            + float(np.median([float(u["reply_s"]) for u in ups])))
             alone.append(push + reply)
-        if srv.update_GBps is not None:
+        alone_update = srv.update_s(grad_bytes)
+        if alone_update is not None:
             applied.append(float(np.median([float(u["apply_s"]) + float(u["pack_s"])
                                             for u in ups])))
-            update.append((srv.update_latency_us or 0.0) * 1e-6
-                          + grad_bytes / (srv.update_GBps * 1e9))
+            update.append(alone_update)
     out = []
     for name, measured, fitted, what in (
             ("server.crowded_message_factor", crowded, alone, "receive + reply"),

@@ -39,8 +39,9 @@ it feeds (calibration/from_store.py):
   wait of the shipped CPU profile's unit times, `TIMED_WAIT_STEPS` steps,
   `CROWDED_PS_REPEATS` runs spread through the training runs: how far a timed wait strays
   on a crowded host (`compute.timed_wait_spread_ms`), which decides who reaches a serial
-  server first, and how much longer the server's messages take there than alone
-  (`server.crowded_message_factor`, calibration/fit_ps.py). Nothing else is fitted on it.
+  server first, and how the server's messages and apply there compare with its 1-worker
+  fits (`server.crowded_message_factor`, `server.crowded_update_factor`,
+  calibration/fit_ps.py). Nothing else is fitted on it.
 - ddp-crowded (CPU hosts, full suite): DDP of the same workload with three times as many
   ranks as cores (6 on 2), its compute a timed wait, `CROWDED_DDP_REPEATS` runs spread
   through the training runs: the CPU work the node does per step (every rank's process CPU,
@@ -141,8 +142,9 @@ CROWDED_DDP_RANKS_PER_RANK = 3
 # whose step is this floor, came out 15-20 % slow; report 52's two gave 1.13 and 1.02. The
 # factor is a median of runs: with two, one phase moves it by half its swing.
 CROWDED_DDP_REPEATS = 4
-# Three since session 37 (one until then): its server's messages now give
-# server.crowded_message_factor, a median of runs minutes apart, as the crowded DDP runs'.
+# Three since session 37 (one until then): its server's phases now give
+# server.crowded_message_factor and server.crowded_update_factor, medians of runs minutes
+# apart, as the crowded DDP runs' factor is.
 CROWDED_PS_REPEATS = 3
 TIMEOUT_S = 300.0                   # process-group timeout of every run
 

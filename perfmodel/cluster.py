@@ -308,6 +308,13 @@ class Server:
     # None where not measured: server.update alone.
     crowded_update_factor: float | None = None
 
+    def update_s(self, grad_bytes: float) -> float | None:
+        """Seconds this serial server's apply + pack of a gradient of `grad_bytes` takes alone
+        where measured ([server.update]); None where not."""
+        if self.update_GBps is None:
+            return None
+        return (self.update_latency_us or 0.0) * 1e-6 + grad_bytes / (self.update_GBps * 1e9)
+
     def message_s(self, kind: str, nbytes: float) -> float | None:
         """Seconds one `kind` ("push" or "pull") message of `nbytes` holds the server where
         measured; None where not (the link's fit decides)."""

@@ -312,9 +312,8 @@ def server_apply_s(cluster: ClusterProfile, wl: Workload, share_params: float,
     if not psnet.serial_server(cluster):
         return optimizer_seconds(cluster, wl, share_params / wl.params) + extra
     srv = cluster.server
-    if srv.update_GBps is not None:
-        grad_bytes = share_params * wl.precision_spec.grad_bytes
-        update = (srv.update_latency_us or 0.0) * 1e-6 + grad_bytes / (srv.update_GBps * 1e9)
+    update = srv.update_s(share_params * wl.precision_spec.grad_bytes)
+    if update is not None:
         if crowded and srv.crowded_update_factor is not None:
             update *= srv.crowded_update_factor
         return update + extra
@@ -487,7 +486,7 @@ class _PSRun:
         route = routes[key]
         if route is None:
             route = routes[key] = self._route(w, i, kind)
-        out, into, seconds, latency, nbytes, crowded = route
+        out, into, seconds, latency, nbytes, crowd_factor = route
         now = self.env._now if start_s is None else start_s
         at = now
         if out is not None:
@@ -496,8 +495,8 @@ class _PSRun:
             if self.link_stretch is not None:
                 carry_s *= self.link_stretch[self.layout.node_of_worker[w]]
             busy_s = carry_s
-            if crowded * alone_s > carry_s:     # a crowded host's wake-ups: no core held
-                carry_s = crowded * alone_s
+            if crowd_factor * alone_s > carry_s:    # a crowded host's wake-ups: no core held
+                carry_s = crowd_factor * alone_s
             free = self.link_free
             f = free[out]
             sent = (f if f > now else now) + carry_s            # max(now, free from)
