@@ -127,7 +127,8 @@ def node_cpu_floor_s(cluster, ranks: int, idle_s: float, collectives_s: float,
     of them), less `paid_back_s`: the part of each rank's own work done right before those
     sleeps, whose CPU time the Sleeper pays back from them (DDP: the copy back after the
     last all-reduce, paid from the optimizer's and forward's sleeps), so they are that much
-    shorter. With k = 1 + κ(c − 1) and W = ranks·own_cpu_s·k/c (the own work on all cores):
+    shorter (gloo FSDP: every copy, each followed by a sleep). With k = 1 + κ(c − 1) and
+    W = ranks·own_cpu_s·k/c (the own work on all cores):
 
     - `beside_collectives` (DDP: a rank's gloo thread all-reduces one bucket while its
       training thread copies the next): the own work fills the cores the collectives leave
