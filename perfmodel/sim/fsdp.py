@@ -269,16 +269,15 @@ class FSDP:
         extra_b = times.backward_s - plain.backward_s + copy_b
         extra_b[0] += unpaid_copy_s(scenario, regather, blocking, plain)
         # A timed wait on a node with more ranks than cores: the cores must do the
-        # collectives' and every rank's own CPU work (cores.node_cpu_floor_s).
-        # The Sleeper pays every copy's CPU time back from the next sleep (all of FSDP2's
-        # copies sit between collectives, each followed by a sleep), so the sleeps the
-        # cores idle through are that much shorter, as DDP's floor counts its copy back.
+        # collectives' and every rank's own CPU work (cores.node_cpu_floor_s). Blocking,
+        # they idle through the sleeps less the copies, whose CPU the Sleeper pays back
+        # from the next sleep (each of FSDP2's copies is followed by one).
         collectives_s = (2.0 if regather else 1.0) * sum(gather_s) + sum(scatter_s)
         idle_s = float(plain.forward_s.sum() + plain.backward_s.sum()) + plain.optimizer_s
         own_s = copy_cpu_s(scenario, regather, blocking)
         floor_s = node_cpu_floor_s(cluster, min(n, cluster.devices_per_node),
                                    idle_s if blocking else 0.0, collectives_s, own_s,
-                                   wl.name, paid_back_s=own_s if blocking else 0.0)
+                                   wl.name, paid_back_s=own_s)
 
         env = CountingEnvironment()
         comms: list[CommRecord] = []
