@@ -92,7 +92,8 @@ def report_rows(report: Path) -> list[dict]:
         gloo_m, thread_m = model_parts(cluster, row.workload, workers, int(row.batch_size))
         item = (config.get("compare") or {}).get("item", "set A")
         rows.append({"report": report.name, "run": row.id, "where": where, "item": item,
-                     "ranks": workers, "step_s": step, "factor": cluster.compute.ddp_cpu_work_factor,
+                     "ranks": workers, "step_s": step,
+                     "factor": cluster.compute.ddp_cpu_work_factor,
                      "gloo": (own - thread) * step / gloo_m,
                      "thread": thread * step / thread_m,
                      "total": own * step / (gloo_m + thread_m)})
