@@ -18,7 +18,6 @@ reports/local-2026-12-07-heldout-60/probe/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics as st
 import subprocess
@@ -61,14 +60,13 @@ def timings(db: Path) -> dict[str, dict[int, list[float]]]:
 
     for row in store.list_runs(status="ok"):
         run_ = store.get_run(row.id)
-        config = json.loads(row.config_json)
         if row.kind == "ddp":
             values: dict[str, list[float]] = {}
             for s in run_.table("summaries"):
                 values.setdefault(s["key"], []).append(s["value"])
             add("DDP compute", row.batch_size, st.median(values["mean_compute_s"]))
             add("DDP step", row.batch_size, st.median(values["mean_step_s"]))
-        elif config["options"]["compute"].get("concurrent"):
+        elif row.config["options"]["compute"].get("concurrent"):
             add(f"whole step, {row.workers} at once", row.batch_size,
                 st.median(t.step_s for t in concurrent_timings([run_])))
         else:

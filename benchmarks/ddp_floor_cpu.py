@@ -19,7 +19,6 @@ training thread (session 31) print no split.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tomllib
 from pathlib import Path
@@ -32,34 +31,23 @@ sys.path.insert(0, str(REPO))
 from measure.cpu_meter import cpu_use, thread_cores  # noqa: E402
 from measure.store import Store  # noqa: E402
 from perfmodel.cluster import parse_profile  # noqa: E402
-from perfmodel.sim import cores, ddp  # noqa: E402
+from perfmodel.sim import cores  # noqa: E402
+from perfmodel.sim.ddp import HARNESS_COMM_HOOK  # noqa: E402
 from perfmodel.sim.scenario import Scenario  # noqa: E402
 from perfmodel.sim.strategy import make_strategy  # noqa: E402
 from perfmodel.workload import load_workload  # noqa: E402
 
-HARNESS_HOOK = "allreduce"      # measure/runs/ddp.py times buckets in a wrapped allreduce_hook
 FIELDS = ("gloo", "thread", "total")
 
 
 def model_parts(cluster, workload: str, workers: int, batch: int) -> tuple[float, float]:
     """(gloo's, the training threads') core-seconds a step as the floor counts them, before
-    the fitted factor: DDP.node_cpu_work_s's own inputs, split by cores.node_cpu_work_s."""
-    seen = {}
-
-    def spy(cl, ranks, collectives_s, own_cpu_s, wl=None):
-        seen.update(ranks=ranks, collectives_s=collectives_s, own_cpu_s=own_cpu_s, wl=wl)
-        return cores.node_cpu_work_s(cl, ranks, collectives_s, own_cpu_s, wl)
-
+    the fitted factor: DDP.floor_inputs split by cores.node_cpu_work_s."""
     scenario = Scenario(cluster=cluster, workload=load_workload(workload), workers=workers,
                         batch_size=batch)
-    real, ddp.node_cpu_work_s = ddp.node_cpu_work_s, spy
-    try:
-        make_strategy("ddp", comm_hook=HARNESS_HOOK).node_cpu_work_s(scenario)
-    finally:
-        ddp.node_cpu_work_s = real
-    n, wl = seen["ranks"], seen["wl"]
-    return (cores.node_cpu_work_s(cluster, n, seen["collectives_s"], 0.0, wl),
-            cores.node_cpu_work_s(cluster, n, 0.0, seen["own_cpu_s"], wl))
+    f = make_strategy("ddp", comm_hook=HARNESS_COMM_HOOK).floor_inputs(scenario)
+    return (cores.node_cpu_work_s(cluster, f.ranks, f.collectives_s, 0.0, workload),
+            cores.node_cpu_work_s(cluster, f.ranks, 0.0, f.own_cpu_s, workload))
 
 
 def crowded_runs(report: Path):
@@ -70,9 +58,8 @@ def crowded_runs(report: Path):
     for path in stores:
         store = Store(path)
         for row in store.list_runs(kind="ddp", status="ok"):
-            config = json.loads(row.config_json)
-            if config.get("compute_mode") == "timed-wait":
-                yield path.parent.name, row, config, store.get_run(row.id)
+            if row.config.get("compute_mode") == "timed-wait":
+                yield path.parent.name, row, row.config, store.get_run(row.id)
 
 
 def report_rows(report: Path) -> list[dict]:

@@ -326,14 +326,18 @@ class DDP:
                            own_cpu_s=own.total_s(),
                            paid_back_s=own.copy_back_s + float(own.after_s[-1:].sum()))
 
+    def floor_inputs(self, scenario: Scenario) -> FloorInputs:
+        """This scenario's inputs to the crowded-node floor, as `simulate` times them."""
+        plain, times = self._unit_times(scenario)
+        buckets, _, durations = self._wire(scenario, times.backward_s)
+        return self._floor_inputs(scenario, plain, float(times.backward_s.sum()), buckets,
+                                  durations)
+
     def node_cpu_work_s(self, scenario: Scenario) -> float:
         """The CPU work (core-seconds) per step that the crowded-node floor counts for this
         scenario (cores.node_cpu_work_s): what calibration compares with the CPU its crowded
         DDP timed waits burned (compute.ddp_cpu_work_factor). As `simulate` times it."""
-        plain, times = self._unit_times(scenario)
-        buckets, _, durations = self._wire(scenario, times.backward_s)
-        floor = self._floor_inputs(scenario, plain, float(times.backward_s.sum()), buckets,
-                                   durations)
+        floor = self.floor_inputs(scenario)
         return node_cpu_work_s(scenario.cluster, floor.ranks, floor.collectives_s,
                                floor.own_cpu_s, scenario.workload.name)
 
