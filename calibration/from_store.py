@@ -14,7 +14,8 @@ What each kind of run (measure/store.py) feeds:
 - ddp / fsdp with >= 2 workers: compute.overlap_slowdown, fitted as the simulator uses it
   (perfmodel/sim/ddp.py stretches backward, fsdp.py forward and backward while communication
   is in flight): measured step compute_s ≈ (the rest + optimizer) + s x (overlapped passes
-  x the share of their time with collectives in flight), least squares in relative error;
+  x the share of their time with collectives in flight; DDP on a CPU-driven link: its
+  all-reduces' seconds over backward's, DDP.overlap_share), least squares in relative error;
   compute.jitter_cv from each rank's step compute_s (divided by its own mean, so rank and
   run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
@@ -805,15 +806,17 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         t = unit_times(cluster, w, int(r.row.batch_size), optimizer_param_fraction=fraction,
                        busy=min(n, cluster.devices_per_node))
         passes = {"forward": float(t.forward_s.sum()), "backward": float(t.backward_s.sum())}
-        # The simulator stretches the overlapped passes only for the share of their time
-        # that collectives are in flight (perfmodel/sim/compute.py in_flight_fraction).
+        # The simulator stretches the overlapped passes by the share of their time that
+        # collectives are in flight (perfmodel/sim/compute.py in_flight_fraction); DDP on a
+        # CPU-driven link by its all-reduces' seconds over backward's (DDP.overlap_share).
         scenario = Scenario(cluster=cluster, workload=w, workers=n,
                             batch_size=int(r.row.batch_size))
         over = in_flight = host = 0.0
         if n > 1:       # a DDP run's timer is a comm hook (selfcheck.py's options)
             strategy = make_strategy(r.row.kind, **(
                 {"comm_hook": HARNESS_DDP_HOOK} if r.row.kind == "ddp" else {}))
-            in_flight = strategy.in_flight(scenario)
+            in_flight = (strategy.overlap_share(scenario) if r.row.kind == "ddp"
+                         else strategy.in_flight(scenario))
             over = in_flight * sum(passes[p] for p in OVERLAPPED[r.row.kind])
             host = strategy.host_compute_s(scenario)     # the framework's copies
         for s in r.table("steps"):

@@ -297,6 +297,33 @@ def test_overlap_slowdown_stretches_backward_only_while_communicating():
     assert compute_s(slowed, 4) - compute_s(base, 4) == pytest.approx(0.5 * share * backward)
 
 
+def test_on_a_cpu_driven_link_the_overlap_costs_the_all_reduces_own_seconds_at_any_batch():
+    # gloo on a CPU host (DDP.overlap_share): its threads take the ranks' cores for as long
+    # as they reduce, so the overlap slowdown s costs (s - 1) x the all-reduces' seconds on
+    # the host's own link, also where backward is shorter than they are (on a GPU the share
+    # is capped at 1: the a100 test above), and a capped link between nodes, waits rather
+    # than CPU work, does not add to it
+    host = make_cluster(intra_node=flat_link(1.0, 50.0), comm_cpu_cores_per_node=2)
+    base, slowed = (dataclasses.replace(host, compute=dataclasses.replace(
+        host.compute, overlap_slowdown=s)) for s in (1.0, 1.5))
+    w = make_workload(units=4, params_per_unit=1_000_000, flops_per_sample=1e9)
+    own_s = sum(allreduce_s(base, 2, b.nbytes)
+                for b in gradient_buckets(w, np.ones(4), 25.0, 1.0))
+
+    def compute_s(cluster, batch):
+        sc = Scenario(cluster=cluster, workload=w, workers=2, batch_size=batch,
+                      jitter="none", steps=4)
+        return DDP().simulate(sc).steps[-1].compute_s
+
+    for batch in (4, 8):
+        backward = float(unit_times(base, w, batch).backward_s.sum())
+        assert own_s > 2 * backward                  # the all-reduces outlast backward
+        assert compute_s(slowed, batch) - compute_s(base, batch) == pytest.approx(0.5 * own_s)
+    capped_base, capped_slowed = (dataclasses.replace(
+        c, devices_per_node=1, inter_node=flat_link(0.01, 50.0)) for c in (base, slowed))
+    assert compute_s(capped_slowed, 4) - compute_s(capped_base, 4) == pytest.approx(0.5 * own_s)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_overlap_slowdown_lasts_as_long_as_the_collectives_not_the_straggler(strategy):
     # compute.overlap_slowdown stretches compute only while collectives are in flight; a

@@ -58,6 +58,7 @@ forward's sleeps right after it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -310,6 +311,28 @@ class DDP:
         _, _, durations = self._wire(scenario, alone.backward_s)
         return in_flight_fraction(float(durations.sum()), float(alone.backward_s.sum()))
 
+    def overlap_share(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
+        """Backward runs 1 + (compute.overlap_slowdown - 1) x this share slower with the
+        all-reduces beside it. On a GPU the share of backward with all-reduces in flight
+        (`in_flight`): NCCL's kernels take SMs and HBM only while they run. On a CPU-driven
+        link (gloo on a CPU host: topology.comm_cpu_cores_per_node > 0) the all-reduces'
+        seconds on the host's own link (a capped link between emulated nodes adds waits,
+        not CPU work) over backward's, which may pass 1: gloo's threads take the ranks'
+        cores for as long as they reduce, however short the backward beside them. So the
+        cost is the same in seconds at every batch, where `in_flight` made it shrink with
+        the batch once the all-reduces outlast backward (the mlp at batch 32: 13.5 ms of
+        all-reduce beside 7.3 of backward). `alone`: the unit times without the slowdown."""
+        cluster = scenario.cluster
+        if scenario.workers < 2 or not cluster.comm_cpu_cores_per_node:
+            return self.in_flight(scenario, alone)
+        alone = alone or unit_times(cluster, scenario.workload, scenario.batch_size,
+                                    busy=self.busy(scenario))
+        backward_s = float(alone.backward_s.sum())
+        own = dataclasses.replace(scenario, cluster=dataclasses.replace(
+            cluster, inter_node=cluster.intra_node))
+        _, _, durations = self._wire(own, alone.backward_s)
+        return float(durations.sum()) / backward_s if backward_s > 0 else 0.0
+
     def _floor_inputs(self, scenario: Scenario, plain: UnitTimes, backward_s: float,
                       buckets: list[Bucket], durations: np.ndarray) -> FloorInputs:
         """What cores.node_cpu_floor_s needs of one step (module docstring): the sleeps
@@ -342,19 +365,20 @@ class DDP:
                                floor.own_cpu_s, scenario.workload.name)
 
     def _unit_times(self, scenario: Scenario) -> tuple[UnitTimes, UnitTimes]:
-        """(the unit times alone, the same with backward slowed while the all-reduces are in
-        flight: compute.overlap_slowdown)."""
+        """(the unit times alone, the same with backward slowed by the all-reduces beside it:
+        compute.overlap_slowdown over `overlap_share`)."""
         cluster, n = scenario.cluster, scenario.workers
         plain = unit_times(cluster, scenario.workload, scenario.batch_size,
                            busy=self.busy(scenario))
-        times = unit_times(cluster, scenario.workload, scenario.batch_size,
-                           overlapped=("backward",) if n > 1 else (),
-                           in_flight=self.in_flight(scenario, plain), busy=self.busy(scenario))
-        return plain, times
+        if n < 2:
+            return plain, plain
+        slow = 1.0 + (cluster.compute.overlap_slowdown - 1.0) * self.overlap_share(scenario,
+                                                                                   plain)
+        return plain, dataclasses.replace(plain, backward_s=plain.backward_s * slow)
 
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n = scenario.cluster, scenario.workers
-        # Backward runs slower while the all-reduces are in flight (compute.overlap_slowdown).
+        # Backward runs slower with the all-reduces beside it (overlap_share).
         plain, times = self._unit_times(scenario)
         forward_s, backward_s = float(times.forward_s.sum()), float(times.backward_s.sum())
         # The overlap slowdown lasts as long as the all-reduces are in flight, which a slow
