@@ -811,13 +811,11 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         # CPU-driven link by its all-reduces' seconds over backward's (DDP.overlap_share).
         scenario = Scenario(cluster=cluster, workload=w, workers=n,
                             batch_size=int(r.row.batch_size))
-        over = in_flight = host = 0.0
+        over = host = 0.0
         if n > 1:       # a DDP run's timer is a comm hook (selfcheck.py's options)
             strategy = make_strategy(r.row.kind, **(
                 {"comm_hook": HARNESS_DDP_HOOK} if r.row.kind == "ddp" else {}))
-            in_flight = (strategy.overlap_share(scenario) if r.row.kind == "ddp"
-                         else strategy.in_flight(scenario))
-            over = in_flight * sum(passes[p] for p in OVERLAPPED[r.row.kind])
+            over = strategy.overlap_share(scenario) * sum(passes[p] for p in OVERLAPPED[r.row.kind])
             host = strategy.host_compute_s(scenario)     # the framework's copies
         for s in r.table("steps"):
             measured.append(float(s["compute_s"]))

@@ -239,6 +239,12 @@ class FSDP:
                                     busy=cluster.ranks_busy(min(n, cluster.devices_per_node)))
         return in_flight_fraction(comm_s, float(alone.forward_s.sum() + alone.backward_s.sum()))
 
+    def overlap_share(self, scenario: Scenario, alone: UnitTimes | None = None) -> float:
+        """The share of the overlapped passes the overlap slowdown stretches: `in_flight`
+        (DDP.overlap_share's counterpart, which differs on a CPU-driven link; on one, FSDP
+        on gloo blocks on its collectives and overlaps nothing)."""
+        return self.in_flight(scenario, alone)
+
     def simulate(self, scenario: Scenario) -> SimResult:
         cluster, n, wl = scenario.cluster, scenario.workers, scenario.workload
         units = len(wl.units)
