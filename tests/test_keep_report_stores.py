@@ -56,7 +56,8 @@ def test_each_store_holds_only_its_runs_and_their_records(setup):
     assert _ids(after) == set(ids[3:5])
     assert _ids(waits) == set(ids)          # every source run is a set-B timed wait
     with sqlite3.connect(store) as a, sqlite3.connect(first) as b:
-        q = "SELECT COUNT(*) FROM steps WHERE run_id IN (%s)" % ",".join(map(str, ids[:3]))
+        kept = ",".join(map(str, ids[:3]))
+        q = f"SELECT COUNT(*) FROM steps WHERE run_id IN ({kept})"
         assert a.execute(q).fetchone() == b.execute(q).fetchone()
 
 
