@@ -6,9 +6,8 @@ out of STORE, each into a store of its own (the same schema, only those runs):
 - `DIR/pooled/report-N-set-a.sqlite`: the first set A (comparisons.json meta.set_a.ids);
 - `DIR/pooled/report-N-set-a-after.sqlite`: the closing set A of a --bracket report
   (meta.bracket.ids_after);
-- `DIR/heldout-runs/report-N-timed-waits.sqlite`: set B's timed-wait runs (a run whose
-  config says compute_mode "timed-wait" and names its compare item), whose step records
-  say what the crowded node did.
+- `DIR/heldout-runs/report-N-timed-waits.sqlite`: set B's timed-wait runs (the runs of
+  comparisons.json's timed-wait rows), whose step records say what the crowded node did.
 
 N is read from DIR's name (`...-heldout-N`). Nothing is written when a target exists, when
 meta lacks the ids, or when STORE lacks a run it names: one line, exit 2.
@@ -28,17 +27,10 @@ import tempfile
 from pathlib import Path
 
 
-def timed_wait_ids(store: Path) -> list[int]:
-    """Set B's timed-wait runs in `store`."""
-    with sqlite3.connect(store) as con:
-        rows = con.execute("SELECT id, config_json FROM runs").fetchall()
-    out = []
-    for run_id, text in rows:
-        config = json.loads(text or "{}")
-        if config.get("compute_mode") == "timed-wait" and (config.get("compare") or {}).get(
-                "item"):
-            out.append(int(run_id))
-    return out
+def timed_wait_ids(comparisons: list[dict]) -> list[int]:
+    """Set B's timed-wait runs, as the report paired them (each row's runs and failed runs)."""
+    return [int(i) for row in comparisons if row["mode"] == "timed-wait"
+            for i in f"{row['runs']} {row['failed_runs']}".split()]
 
 
 def keep(store: Path, ids: list[int], work: Path) -> None:
@@ -62,12 +54,13 @@ def keep(store: Path, ids: list[int], work: Path) -> None:
     con.close()
 
 
-def plan(store: Path, report: Path) -> dict[Path, list[int]]:
+def plan(report: Path) -> dict[Path, list[int]]:
     """Each target store and the run ids it keeps."""
     n = report.name.rsplit("-", 1)[-1]
     if not n.isdigit():
         raise SystemExit(f"{report}: its name does not end in -heldout-N")
-    meta = json.loads((report / "comparisons.json").read_text())["meta"]
+    saved = json.loads((report / "comparisons.json").read_text())
+    meta = saved["meta"]
     ids = (meta.get("set_a") or {}).get("ids")
     if not ids:
         raise SystemExit(f"{report}/comparisons.json: meta.set_a.ids is missing")
@@ -75,7 +68,7 @@ def plan(store: Path, report: Path) -> dict[Path, list[int]]:
     after = (meta.get("bracket") or {}).get("ids_after")
     if after:
         out[report / "pooled" / f"report-{n}-set-a-after.sqlite"] = list(after)
-    waits = timed_wait_ids(store)
+    waits = timed_wait_ids(saved.get("comparisons", []))
     if waits:
         out[report / "heldout-runs" / f"report-{n}-timed-waits.sqlite"] = waits
     return out
@@ -89,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.store.is_file():
             raise SystemExit(f"{args.store}: no such store")
-        targets = plan(args.store, args.report)
+        targets = plan(args.report)
         if existing := [str(t) for t in targets if t.exists()]:
             raise SystemExit(f"already there, not overwritten: {existing[0]}")
         with tempfile.TemporaryDirectory() as tmp:     # all built before any is placed

@@ -2,7 +2,7 @@
 
 The source is report 61's committed timed-wait store (30 real runs with their step records)
 standing in for a compare store; a fake report names some of its runs as set A and closing
-set A. No torch job runs.
+set A, and pairs all of them with a timed-wait row (one as a failed run). No torch job runs.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = (REPO / "reports/local-2026-12-07-heldout-61/heldout-runs"
           / "report-61-timed-waits.sqlite")
+
+
+def _rows(ids: list[int]) -> list[dict]:
+    """comparisons.json rows pairing every source run as a timed wait, and one real row."""
+    return [{"mode": "timed-wait", "runs": " ".join(map(str, ids[:-1])),
+             "failed_runs": str(ids[-1])},
+            {"mode": "real", "runs": "999999", "failed_runs": ""}]
 
 
 def _module():
@@ -41,7 +48,7 @@ def setup(tmp_path):
     report = tmp_path / "local-2026-12-07-heldout-7"
     report.mkdir()
     meta = {"set_a": {"ids": ids[:3]}, "bracket": {"ids_after": ids[3:5]}}
-    (report / "comparisons.json").write_text(json.dumps({"meta": meta}))
+    (report / "comparisons.json").write_text(json.dumps({"meta": meta, "comparisons": _rows(ids)}))
     return store, report, ids
 
 
@@ -64,7 +71,7 @@ def test_each_store_holds_only_its_runs_and_their_records(setup):
 def test_a_run_the_store_lacks_writes_nothing(setup, capsys):
     store, report, ids = setup
     meta = {"set_a": {"ids": ids[:3]}, "bracket": {"ids_after": [10**9]}}
-    (report / "comparisons.json").write_text(json.dumps({"meta": meta}))
+    (report / "comparisons.json").write_text(json.dumps({"meta": meta, "comparisons": _rows(ids)}))
     assert _module().main([str(store), str(report)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("keep_report_stores:") and "\n" not in err
