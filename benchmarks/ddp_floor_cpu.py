@@ -40,14 +40,19 @@ from perfmodel.workload import load_workload  # noqa: E402
 FIELDS = ("gloo", "thread", "total")
 
 
-def model_parts(cluster, workload: str, workers: int, batch: int) -> tuple[float, float]:
+def model_parts(cluster, workload: str, workers: int, batch: int
+                ) -> tuple[float, float, float]:
     """(gloo's, the training threads') core-seconds a step as the floor counts them, before
-    the fitted factor: DDP.floor_inputs split by cores.node_cpu_work_s."""
+    the fitted factor: DDP.floor_inputs split by cores.node_cpu_work_s; and the seconds a
+    step the floor holds the cores idle (its sleeps before the first bucket and after the
+    last, less what the Sleeper pays back: max(0, idle_s - paid_back_s * k))."""
     scenario = Scenario(cluster=cluster, workload=load_workload(workload), workers=workers,
                         batch_size=batch)
     f = make_strategy("ddp", comm_hook=HARNESS_COMM_HOOK).floor_inputs(scenario)
     return (cores.node_cpu_work_s(cluster, f.ranks, f.collectives_s, 0.0, workload),
-            cores.node_cpu_work_s(cluster, f.ranks, 0.0, f.own_cpu_s, workload))
+            cores.node_cpu_work_s(cluster, f.ranks, 0.0, f.own_cpu_s, workload),
+            cores.node_cpu_floor_s(cluster, f.ranks, f.idle_s, 0.0, 0.0, workload,
+                                   paid_back_s=f.paid_back_s, beside_collectives=True))
 
 
 def crowded_runs(report: Path):
@@ -76,14 +81,17 @@ def report_rows(report: Path) -> list[dict]:
         if workers <= c or own is None or thread is None or not steps:
             continue
         step = float(np.mean(steps))
-        gloo_m, thread_m = model_parts(cluster, row.workload, workers, int(row.batch_size))
+        gloo_m, thread_m, idle_m = model_parts(cluster, row.workload, workers,
+                                               int(row.batch_size))
         item = (config.get("compare") or {}).get("item", "set A")
         rows.append({"report": report.name, "run": row.id, "where": where, "item": item,
                      "ranks": workers, "step_s": step,
                      "factor": cluster.compute.ddp_cpu_work_factor,
                      "gloo": (own - thread) * step / gloo_m,
                      "thread": thread * step / thread_m,
-                     "total": own * step / (gloo_m + thread_m)})
+                     "total": own * step / (gloo_m + thread_m),
+                     # the step less the node's CPU on all c cores: the time they sat idle
+                     "idle_ms": (step - own * step / c) * 1e3, "idle_model_ms": idle_m * 1e3})
     return rows
 
 
@@ -96,7 +104,8 @@ def main() -> None:
     if not rows:
         raise SystemExit("no crowded DDP timed wait with a recorded CPU split in these reports")
     print("measured / model count, before the fitted factor (median of runs): "
-          "gloo's threads, training threads, node")
+          "gloo's threads, training threads, node; (idle: the step less the node's CPU "
+          "spread over all its cores, against the floor's idle sleeps)")
     for report in args.reports:
         mine = [r for r in rows if r["report"] == report.name]
         if not mine:
@@ -104,16 +113,21 @@ def main() -> None:
         by = []
         for n in sorted({r["ranks"] for r in mine}):
             a = np.array([[r[f] for f in FIELDS] for r in mine if r["ranks"] == n])
-            by.append(f"{n} ranks x{len(a)}: " + " / ".join(f"{v:.2f}" for v in np.median(a, 0)))
+            idle = [(r["idle_ms"], r["idle_model_ms"]) for r in mine if r["ranks"] == n]
+            by.append(f"{n} ranks x{len(a)}: " + " / ".join(f"{v:.2f}" for v in np.median(a, 0))
+                      + " (idle {:.1f} vs {:.1f} ms)".format(*np.median(idle, 0)))
         print(f"{report.name} (factor {mine[0]['factor']:.2f}): " + "; ".join(by))
         if args.runs:
             for r in mine:
                 print(f"    run {r['run']:>3} {r['item']:<14} {r['ranks']} ranks "
                       f"step {r['step_s'] * 1e3:6.1f} ms  " +
-                      " / ".join(f"{r[f]:.2f}" for f in FIELDS))
+                      " / ".join(f"{r[f]:.2f}" for f in FIELDS) +
+                      f"  idle {r['idle_ms']:.1f} ms")
     for n in sorted({r["ranks"] for r in rows}):
         a = np.array([[r[f] for f in FIELDS] for r in rows if r["ranks"] == n])
-        print(f"all, {n} ranks ({len(a)} runs): " + " / ".join(f"{v:.2f}" for v in np.median(a, 0)))
+        idle = np.median([r["idle_ms"] for r in rows if r["ranks"] == n])
+        print(f"all, {n} ranks ({len(a)} runs): " + " / ".join(f"{v:.2f}" for v in np.median(a, 0))
+              + f" (idle {idle:.1f} ms)")
 
 
 if __name__ == "__main__":
