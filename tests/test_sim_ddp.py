@@ -297,31 +297,60 @@ def test_overlap_slowdown_stretches_backward_only_while_communicating():
     assert compute_s(slowed, 4) - compute_s(base, 4) == pytest.approx(0.5 * share * backward)
 
 
-def test_on_a_cpu_driven_link_the_overlap_costs_the_all_reduces_own_seconds_at_any_batch():
-    # gloo on a CPU host (DDP.overlap_share): its threads take the ranks' cores for as long
-    # as they reduce, so the overlap slowdown s costs (s - 1) x the all-reduces' seconds on
-    # the host's own link, also where backward is shorter than they are (on a GPU the share
-    # is capped at 1: the a100 test above), and a capped link between nodes, waits rather
-    # than CPU work, does not add to it
-    host = make_cluster(intra_node=flat_link(1.0, 50.0), comm_cpu_cores_per_node=2)
+def _cpu_link_overlap(bandwidth_GBps: float, batch: int, *, cap_MiB: float = 25.0,
+                      first_MiB: float = 1.0, capped: bool = False):
+    """(the compute seconds overlap_slowdown 1.5 adds to a 2-rank DDP step on a CPU-driven
+    link, the buckets, their all-reduce seconds on the host's own link, backward seconds)."""
+    host = make_cluster(intra_node=flat_link(bandwidth_GBps, 50.0), comm_cpu_cores_per_node=2)
     base, slowed = (dataclasses.replace(host, compute=dataclasses.replace(
         host.compute, overlap_slowdown=s)) for s in (1.0, 1.5))
-    w = make_workload(units=4, params_per_unit=1_000_000, flops_per_sample=1e9)
-    own_s = sum(allreduce_s(base, 2, b.nbytes)
-                for b in gradient_buckets(w, np.ones(4), 25.0, 1.0))
+    w = make_workload(units=4, params_per_unit=1_000_000, flops_per_sample=1e10)
+    backward = unit_times(base, w, batch).backward_s
+    buckets = gradient_buckets(w, backward, cap_MiB, first_MiB)
+    seconds = [allreduce_s(base, 2, b.nbytes) for b in buckets]
+    ddp = DDP(DDP.Options(bucket_cap_MiB=cap_MiB, first_bucket_MiB=first_MiB))
 
-    def compute_s(cluster, batch):
+    def compute_s(cluster):
+        if capped:      # ranks on two emulated nodes behind a slow link: waits, not CPU work
+            cluster = dataclasses.replace(cluster, devices_per_node=1,
+                                          inter_node=flat_link(0.01, 50.0))
         sc = Scenario(cluster=cluster, workload=w, workers=2, batch_size=batch,
                       jitter="none", steps=4)
-        return DDP().simulate(sc).steps[-1].compute_s
+        return ddp.simulate(sc).steps[-1].compute_s
 
-    for batch in (4, 8):
-        backward = float(unit_times(base, w, batch).backward_s.sum())
-        assert own_s > 2 * backward                  # the all-reduces outlast backward
-        assert compute_s(slowed, batch) - compute_s(base, batch) == pytest.approx(0.5 * own_s)
-    capped_base, capped_slowed = (dataclasses.replace(
-        c, devices_per_node=1, inter_node=flat_link(0.01, 50.0)) for c in (base, slowed))
-    assert compute_s(capped_slowed, 4) - compute_s(capped_base, 4) == pytest.approx(0.5 * own_s)
+    return compute_s(slowed) - compute_s(base), buckets, seconds, float(backward.sum())
+
+
+def test_on_a_cpu_driven_link_the_overlap_costs_the_all_reduce_seconds_beside_backward():
+    # gloo on a CPU host (DDP.overlap_share): its threads take the rank's core from backward
+    # for as long as they reduce beside it, so s costs (s - 1) x the all-reduce seconds that
+    # run before backward ends: the first bucket's whole all-reduce where it fits in the rest
+    # of backward, the same seconds at any batch where it does
+    extras = []
+    for batch in (8, 16):
+        extra, buckets, seconds, backward = _cpu_link_overlap(20.0, batch)
+        assert len(buckets) == 2 and buckets[1].ready_backward_s == pytest.approx(backward)
+        assert seconds[0] < backward - buckets[0].ready_backward_s      # it fits
+        assert extra == pytest.approx(0.5 * seconds[0])
+        extras.append(extra)
+    assert extras[0] == pytest.approx(extras[1])
+    # ... and only up to backward's end where it outlasts it
+    extra, buckets, seconds, backward = _cpu_link_overlap(0.01, 8)
+    assert seconds[0] > backward - buckets[0].ready_backward_s
+    assert extra == pytest.approx(0.5 * (backward - buckets[0].ready_backward_s))
+    # a capped link between emulated nodes adds waits, not CPU work: the host's own link
+    assert _cpu_link_overlap(20.0, 8, capped=True)[0] == pytest.approx(extras[0])
+
+
+def test_on_a_cpu_driven_link_a_bucket_ready_at_backwards_end_costs_no_overlap():
+    # one bucket (first and cap above the 16 MB of gradients): its all-reduce starts once
+    # backward has ended, takes the core from nothing, and s adds no compute; smaller
+    # buckets start before backward ends and add more than torch's default two
+    one, buckets, _, _ = _cpu_link_overlap(20.0, 8, cap_MiB=100.0, first_MiB=100.0)
+    assert len(buckets) == 1 and one == pytest.approx(0.0, abs=1e-12)
+    default = _cpu_link_overlap(20.0, 8)[0]
+    small, buckets, _, _ = _cpu_link_overlap(20.0, 8, cap_MiB=2.0)
+    assert len(buckets) > 2 and small > default > 0
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

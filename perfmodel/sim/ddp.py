@@ -182,6 +182,18 @@ def _whole_tensor_buckets(workload: Workload, bwd_reversed: np.ndarray, first: f
     return buckets
 
 
+def overlapped_s(buckets: list[Bucket], durations: np.ndarray, backward_s: float) -> float:
+    """Seconds of all-reduce that run before backward ends (`backward_s` after it starts):
+    one stream, so bucket b's all-reduce starts once it is ready and the one before it has
+    ended, and runs for its `durations[b]`; each counts up to backward's end."""
+    end = total = 0.0
+    for bucket, seconds in zip(buckets, durations, strict=True):
+        start = max(bucket.ready_backward_s, end)
+        end = start + float(seconds)
+        total += max(0.0, min(end, backward_s) - start)
+    return total
+
+
 def link_name(scenario: Scenario) -> str:
     return "inter_node" if scenario.cluster.nodes_for(scenario.workers) > 1 else "intra_node"
 
@@ -315,13 +327,15 @@ class DDP:
         """Backward runs 1 + (compute.overlap_slowdown - 1) x this share slower with the
         all-reduces beside it. On a GPU the share of backward with all-reduces in flight
         (`in_flight`): NCCL's kernels take SMs and HBM only while they run. On a CPU-driven
-        link (gloo on a CPU host: topology.comm_cpu_cores_per_node > 0) the all-reduces'
-        seconds on the host's own link (a capped link between emulated nodes adds waits,
-        not CPU work) over backward's, which may pass 1: gloo's threads take the ranks'
-        cores for as long as they reduce, however short the backward beside them. So the
-        cost is the same in seconds at every batch, where `in_flight` made it shrink with
-        the batch once the all-reduces outlast backward (the mlp at batch 32: 13.5 ms of
-        all-reduce beside 7.3 of backward). `alone`: the unit times without the slowdown."""
+        link (gloo on a CPU host: topology.comm_cpu_cores_per_node > 0) the seconds of
+        all-reduce that run while backward still does (`overlapped_s`, on the host's own
+        link: a capped link between emulated nodes adds waits, not CPU work) over backward's:
+        gloo's threads take the rank's core from backward for as long as they reduce beside
+        it, and an all-reduce after backward takes it from nothing. So the cost is the same
+        in seconds at every batch where the overlapped buckets are (the mlp's first bucket,
+        4.2 MB, all-reduced beside backward at batch 32 and 64 alike), and grows with the
+        buckets that start before backward ends (1 MiB buckets: three of the mlp's four).
+        `alone`: the unit times without the slowdown."""
         cluster = scenario.cluster
         if scenario.workers < 2 or not cluster.comm_cpu_cores_per_node:
             return self.in_flight(scenario, alone)
@@ -330,8 +344,9 @@ class DDP:
         backward_s = float(alone.backward_s.sum())
         own = dataclasses.replace(scenario, cluster=dataclasses.replace(
             cluster, inter_node=cluster.intra_node))
-        _, _, durations = self._wire(own, alone.backward_s)
-        return float(durations.sum()) / backward_s if backward_s > 0 else 0.0
+        buckets, _, durations = self._wire(own, alone.backward_s)
+        return overlapped_s(buckets, durations, backward_s) / backward_s \
+            if backward_s > 0 else 0.0
 
     def _floor_inputs(self, scenario: Scenario, plain: UnitTimes, backward_s: float,
                       buckets: list[Bucket], durations: np.ndarray) -> FloorInputs:
