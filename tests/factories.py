@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 from perfmodel.cluster import ClusterProfile, Link, load_cluster
@@ -43,3 +44,12 @@ def make_cluster(base: str = "a100", *, zero_compute: bool = False, **changes) -
         changes["device"] = dataclasses.replace(
             c.device, peak_TFLOPS={k: 1e30 for k in c.device.peak_TFLOPS})
     return dataclasses.replace(c, **changes)
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the folder is scripts, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

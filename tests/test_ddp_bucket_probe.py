@@ -7,10 +7,10 @@ it was fitted, so a change in how the model costs buckets shows here. No torch j
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from factories import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = REPO / "benchmarks/results/ddp-bucket-probe-2026-12-07.sqlite"
@@ -18,11 +18,7 @@ PROFILE = REPO / "reports/local-2026-12-07-heldout-62/profile.toml"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "ddp_bucket_probe", REPO / "benchmarks/ddp_bucket_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ddp_bucket_probe")
 
 
 def test_the_probe_reads_as_the_docs_quote_it():

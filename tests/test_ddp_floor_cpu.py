@@ -7,22 +7,18 @@ change to the floor's sleeps shows here. No torch job runs.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 REPORT = REPO / "reports/local-2026-12-07-heldout-62"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "ddp_floor_cpu", REPO / "benchmarks/ddp_floor_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ddp_floor_cpu")
 
 
 @pytest.fixture(scope="module")

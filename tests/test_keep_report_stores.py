@@ -7,13 +7,13 @@ set A, and pairs all of them with a timed-wait row (one as a failed run). No tor
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
+from factories import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = (REPO / "reports/local-2026-12-07-heldout-61/heldout-runs"
@@ -28,11 +28,7 @@ def _rows(ids: list[int]) -> list[dict]:
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "keep_report_stores", REPO / "benchmarks/keep_report_stores.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("keep_report_stores")
 
 
 def _ids(path: Path, table: str = "runs", column: str = "id") -> set[int]:
