@@ -15,7 +15,8 @@ What each kind of run (measure/store.py) feeds:
   (perfmodel/sim/ddp.py stretches backward, fsdp.py forward and backward while communication
   is in flight): measured step compute_s ≈ (the rest + optimizer) + s x (overlapped passes
   x the share of their time with collectives in flight; DDP on a CPU-driven link: its
-  all-reduces' seconds over backward's, DDP.overlap_share), least squares in relative error;
+  all-reduce seconds before backward ends over backward's, DDP.overlap_share), least
+  squares in relative error;
   compute.jitter_cv from each rank's step compute_s (divided by its own mean, so rank and
   run offsets do not count as jitter);
   device.framework_overhead_GiB and memory_overhead_fraction from each rank's measured peak
@@ -808,7 +809,8 @@ def _overlap(runs, cluster: ClusterProfile) -> FitResult:
         passes = {"forward": float(t.forward_s.sum()), "backward": float(t.backward_s.sum())}
         # The simulator stretches the overlapped passes by the share of their time that
         # collectives are in flight (perfmodel/sim/compute.py in_flight_fraction); DDP on a
-        # CPU-driven link by its all-reduces' seconds over backward's (DDP.overlap_share).
+        # CPU-driven link by its all-reduce seconds before backward ends over backward's
+        # (DDP.overlap_share).
         scenario = Scenario(cluster=cluster, workload=w, workers=n,
                             batch_size=int(r.row.batch_size))
         over = host = 0.0
