@@ -36,7 +36,7 @@ import scipy.stats
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from perfmodel.compare.report import COVERAGE_BAND, band_probability  # noqa: E402
+from perfmodel.compare.report import COVERAGE_BAND, band_probability, within_band  # noqa: E402
 
 GROUPS = ("all", "real", "timed-wait")
 LEVEL = 0.9
@@ -92,7 +92,7 @@ def counts(report: Path, quantity: str = "step_time") -> dict[str, Count] | None
 
 
 def in_band(c: Count) -> bool:
-    return COVERAGE_BAND[0] - 1e-12 <= c.inside / c.rows <= COVERAGE_BAND[1] + 1e-12
+    return within_band(c.inside / c.rows)
 
 
 def pool(items: list[Count], seed: int = SEED) -> Pooled:

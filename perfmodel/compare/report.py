@@ -213,17 +213,17 @@ def band_probability(n: int, coverage: float = DEFAULT_COVERAGE,
     outside it says little; the width beside it and the reports together say more."""
     if n < 1:
         raise ValueError(f"need at least one row, got {n}")
-    ks = [k for k in range(n + 1) if _within(k / n, band)]
+    ks = [k for k in range(n + 1) if within_band(k / n, band)]
     return float(sum(scipy.stats.binom.pmf(k, n, coverage) for k in ks))
 
 
-def _within(fraction: float, band: tuple[float, float] = COVERAGE_BAND) -> bool:
+def within_band(fraction: float, band: tuple[float, float] = COVERAGE_BAND) -> bool:
     return band[0] - 1e-12 <= fraction <= band[1] + 1e-12     # 12 of 15 is 80 %, not less
 
 
 def in_band(h: Headline) -> bool | None:
     """Whether the headline's coverage lies in COVERAGE_BAND (None: no intervals)."""
-    return _within(h.inside / h.with_interval) if h.with_interval else None
+    return within_band(h.inside / h.with_interval) if h.with_interval else None
 
 
 def interval_cell(h: Headline) -> str:
